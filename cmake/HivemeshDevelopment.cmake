@@ -1,0 +1,20 @@
+# Settings for hivemesh's own tests, benchmarks and examples (never for consumers).
+
+# hivemesh_developer_target(<target>): warnings (as errors with HIVEMESH_WERROR) and the
+# sanitizers chosen with HIVEMESH_SANITIZE.
+function(hivemesh_developer_target target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic)
+  if(HIVEMESH_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+  if(HIVEMESH_SANITIZE)
+    target_compile_options(${target} PRIVATE -fsanitize=${HIVEMESH_SANITIZE}
+                           -fno-sanitize-recover=all -fno-omit-frame-pointer)
+    target_link_options(${target} PRIVATE -fsanitize=${HIVEMESH_SANITIZE})
+  endif()
+endfunction()
+
+find_program(HIVEMESH_CCACHE ccache)
+if(HIVEMESH_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
+  set(CMAKE_CXX_COMPILER_LAUNCHER "${HIVEMESH_CCACHE}" CACHE STRING "" FORCE)
+endif()

@@ -1,0 +1,483 @@
+// The codecs: payload layouts, encoders and validating decoders.
+//
+// Payloads after the 16-byte header (all little-endian):
+//   none            f32[count]
+//   float16         u16[count]
+//   meanstd_16bit   u64 row_length | f32 means[rows] | f32 stds[rows] | u16 values[count]
+//   uniform_8bit    f32 codebook[256] | u8 codes[count]
+//   quantile_8bit   f32 codebook[256] | u8 codes[count]
+//   blockwise_8bit  u32 block_size | f32 absmax[blocks] | u8 codes[count]
+#pragma once
+
+#include "hivemesh/compression/dynamic_map.hpp"
+#include "hivemesh/compression/float16.hpp"
+#include "hivemesh/compression/kind.hpp"
+#include "hivemesh/core/binary.hpp"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <thread>
+#include <vector>
+
+namespace hivemesh::compression::detail {
+
+static_assert(std::endian::native == std::endian::little,
+              "payload arrays are stored in host order, which must be little-endian");
+
+inline constexpr std::size_t min_block_size = 64;
+inline constexpr std::size_t max_block_size = 4096;
+inline constexpr std::size_t codebook_size = 256;
+
+struct encode_params {
+    std::size_t block_size = max_block_size;
+    std::size_t row_length = 0; // 0: the whole tensor is one row
+    unsigned threads = 1;
+};
+
+/// memcpy that accepts empty ranges, whose pointers may be null (UB for memcpy itself).
+inline void copy_bytes(void* destination, const void* source, std::size_t size) noexcept {
+    if (size != 0) std::memcpy(destination, source, size);
+}
+
+/// Runs fn(begin, end) over [0, n) split into at most `threads` ranges aligned to `grain`.
+template <class Fn>
+void parallel_ranges(std::size_t n, std::size_t grain, unsigned threads, Fn&& fn) {
+    const std::size_t grains = (n + grain - 1) / grain;
+    const std::size_t workers = std::min<std::size_t>(std::max(threads, 1u), grains);
+    if (workers <= 1) {
+        fn(std::size_t{0}, n);
+        return;
+    }
+    const std::size_t per_worker = (grains + workers - 1) / workers * grain;
+    std::vector<std::jthread> pool;
+    pool.reserve(workers - 1);
+    for (std::size_t w = 1; w < workers; ++w) {
+        const std::size_t begin = std::min(n, w * per_worker);
+        const std::size_t end = std::min(n, begin + per_worker);
+        pool.emplace_back([&fn, begin, end] { fn(begin, end); });
+    }
+    fn(std::size_t{0}, std::min(n, per_worker));
+}
+
+inline std::size_t row_length_for(std::size_t n, std::size_t requested) noexcept {
+    return requested == 0 ? std::max<std::size_t>(n, 1) : requested;
+}
+
+inline std::size_t block_count(std::size_t n, std::size_t block_size) noexcept {
+    return (n + block_size - 1) / block_size;
+}
+
+/// Bytes after the header for n elements.
+inline std::size_t payload_size(kind k, std::size_t n, const encode_params& p) noexcept {
+    switch (k) {
+    case kind::none:
+        return 4 * n;
+    case kind::float16:
+        return 2 * n;
+    case kind::meanstd_16bit:
+        return 8 + 8 * (n / row_length_for(n, p.row_length)) + 2 * n;
+    case kind::uniform_8bit:
+    case kind::quantile_8bit:
+        return 4 * codebook_size + n;
+    case kind::blockwise_8bit:
+        return 4 + 4 * block_count(n, p.block_size) + n;
+    }
+    return 0;
+}
+
+/// Sets codebook[b] to the mean of the values whose code is b (0 for empty bins), so the
+/// decoded tensor keeps the sum of the original.
+inline void bin_means(std::span<const float> values, const std::uint8_t* codes,
+                      std::span<float, codebook_size> codebook) {
+    std::array<double, codebook_size> sums{};
+    std::array<std::uint64_t, codebook_size> counts{};
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        sums[codes[i]] += values[i];
+        ++counts[codes[i]];
+    }
+    for (std::size_t b = 0; b < codebook_size; ++b)
+        codebook[b] =
+            counts[b] ? static_cast<float>(sums[b] / static_cast<double>(counts[b])) : 0.0f;
+}
+
+// ---------------------------------------------------------------- encoders
+
+inline void encode_meanstd(std::span<const float> in, std::size_t row_length, std::byte* out) {
+    const std::size_t rows = in.size() / row_length;
+    std::vector<float> means(rows), stds(rows), scaled(row_length);
+    std::vector<std::uint16_t> halves(in.size());
+    for (std::size_t r = 0; r < rows; ++r) {
+        const auto row = in.subspan(r * row_length, row_length);
+        double sum = 0;
+        for (float v : row)
+            sum += v;
+        const double mean = sum / static_cast<double>(row_length);
+        double squares = 0;
+        for (float v : row)
+            squares += (v - mean) * (v - mean);
+        const float std_dev =
+            std::max(static_cast<float>(std::sqrt(squares / static_cast<double>(row_length))),
+                     std::numeric_limits<float>::epsilon());
+        means[r] = static_cast<float>(mean);
+        stds[r] = std_dev;
+        for (std::size_t i = 0; i < row_length; ++i)
+            scaled[i] = (row[i] - means[r]) / std_dev;
+        floats_to_halves(scaled.data(), halves.data() + r * row_length, row_length);
+    }
+    const std::uint64_t stored_row_length = row_length;
+    copy_bytes(out, &stored_row_length, 8);
+    copy_bytes(out + 8, means.data(), 4 * rows);
+    copy_bytes(out + 8 + 4 * rows, stds.data(), 4 * rows);
+    copy_bytes(out + 8 + 8 * rows, halves.data(), 2 * in.size());
+}
+
+inline void encode_uniform_8bit(std::span<const float> in, std::byte* out) {
+    const std::size_t n = in.size();
+    double sum = 0;
+    for (float v : in)
+        sum += v;
+    const double mean = n ? sum / static_cast<double>(n) : 0.0;
+    double squares = 0;
+    for (float v : in)
+        squares += (v - mean) * (v - mean);
+    const double std_dev = n > 1 ? std::sqrt(squares / static_cast<double>(n - 1)) : 0.0;
+    const float scale = static_cast<float>(6.0 * std_dev / codebook_size);
+    auto* codes = reinterpret_cast<std::uint8_t*>(out + 4 * codebook_size);
+    if (std::isnormal(scale)) {
+        const auto centre = static_cast<float>(mean);
+        for (std::size_t i = 0; i < n; ++i) {
+            const float bin = std::nearbyint((in[i] - centre) / scale) + 128.0f;
+            codes[i] = static_cast<std::uint8_t>(std::clamp(bin, 0.0f, 255.0f));
+        }
+    } else {
+        std::memset(codes, 128, n); // constant input: one bin holds everything
+    }
+    std::array<float, codebook_size> codebook{};
+    bin_means(in, codes, codebook);
+    copy_bytes(out, codebook.data(), 4 * codebook_size);
+}
+
+/// Quantiles at k/(count-1), k = 0..count-1, of sorted data, interpolated linearly.
+inline void sorted_quantiles(std::span<const float> sorted, std::span<float> quantiles) {
+    const std::size_t m = sorted.size();
+    for (std::size_t k = 0; k < quantiles.size(); ++k) {
+        const double position = static_cast<double>(k) * static_cast<double>(m - 1) /
+                                static_cast<double>(quantiles.size() - 1);
+        const auto lower = static_cast<std::size_t>(position);
+        const std::size_t upper = std::min(lower + 1, m - 1);
+        const double fraction = position - static_cast<double>(lower);
+        quantiles[k] =
+            static_cast<float>(sorted[lower] + fraction * (sorted[upper] - sorted[lower]));
+    }
+}
+
+/// Bin borders from quantiles of per-chunk quantiles: sorting fixed-size chunks instead
+/// of the whole tensor keeps the cost near-linear, and the fixed chunk size makes the
+/// result independent of the thread count.
+inline std::array<float, codebook_size - 1>
+approximate_quantile_borders(std::span<const float> in) {
+    constexpr std::size_t chunk = std::size_t{1} << 16;
+    constexpr std::size_t points = codebook_size + 1;
+    const std::size_t chunks = (in.size() + chunk - 1) / chunk;
+    std::vector<float> per_chunk(chunks * points), scratch;
+    for (std::size_t c = 0; c < chunks; ++c) {
+        const auto part = in.subspan(c * chunk, std::min(chunk, in.size() - c * chunk));
+        scratch.assign(part.begin(), part.end());
+        std::sort(scratch.begin(), scratch.end());
+        sorted_quantiles(scratch, std::span(per_chunk).subspan(c * points, points));
+    }
+    std::sort(per_chunk.begin(), per_chunk.end());
+    std::array<float, points> overall{};
+    sorted_quantiles(per_chunk, overall);
+    std::array<float, codebook_size - 1> borders{};
+    std::copy(overall.begin() + 1, overall.end() - 1, borders.begin());
+    return borders;
+}
+
+inline void encode_quantile_8bit(std::span<const float> in, std::byte* out) {
+    auto* codes = reinterpret_cast<std::uint8_t*>(out + 4 * codebook_size);
+    if (!in.empty()) {
+        const auto borders = approximate_quantile_borders(in);
+        for (std::size_t i = 0; i < in.size(); ++i) // code = number of borders below the value
+            codes[i] = static_cast<std::uint8_t>(
+                std::lower_bound(borders.begin(), borders.end(), in[i]) - borders.begin());
+    }
+    std::array<float, codebook_size> codebook{};
+    bin_means(in, codes, codebook);
+    copy_bytes(out, codebook.data(), 4 * codebook_size);
+}
+
+template <bool exact_division>
+void quantize_block_scalar(std::span<const float> block, float absmax,
+                           std::uint8_t* codes) noexcept {
+    // Locals, not table members: stores through `codes` (a char type) may alias anything,
+    // which would force the compiler to reload the table pointers on every element.
+    const auto& table = blockwise_magnitudes();
+    const std::uint8_t* const first_index = table.first_index.data();
+    const float* const midpoints = table.midpoints.data();
+    const float inverse = 1.0f / absmax;
+    for (std::size_t i = 0; i < block.size(); ++i) {
+        const float x = block[i];
+        const float y = exact_division ? std::fabs(x) / absmax : std::fabs(x) * inverse;
+        const std::uint32_t negative = std::bit_cast<std::uint32_t>(x) >> 31;
+        std::uint32_t j = first_index[magnitude_table::key_of(y)];
+        const float mid = midpoints[j];
+        // Branch-free: signs are random, so a branch would mispredict half the time.
+        j +=
+            static_cast<std::uint32_t>(y > mid) | (negative & static_cast<std::uint32_t>(y == mid));
+        const std::uint32_t positive_code = 127 + j;
+        const std::uint32_t negative_code = 127 - std::min(j, 127u);
+        codes[i] = static_cast<std::uint8_t>(negative ? negative_code : positive_code);
+    }
+}
+
+#ifdef HIVEMESH_X86
+/// AVX2 form of quantize_block_scalar<false>, eight elements at a time; same codes.
+__attribute__((target("avx2"))) inline void
+quantize_block_avx2(std::span<const float> block, float absmax, std::uint8_t* codes) noexcept {
+    const auto& table = blockwise_magnitudes();
+    const auto* const first_index = reinterpret_cast<const int*>(table.first_index.data());
+    const float* const midpoints = table.midpoints.data();
+    const __m256 inverse = _mm256_set1_ps(1.0f / absmax);
+    const __m256 magnitude_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i max_key = _mm256_set1_epi32(static_cast<int>(magnitude_table::max_key));
+    const __m256i low_byte = _mm256_set1_epi32(0xFF);
+    const __m256i zero_code = _mm256_set1_epi32(127);
+    // Gathers bytes 0, 4, 8, 12 of each 128-bit lane into its first four bytes.
+    const __m256i pick_low_bytes =
+        _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
+                         -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    std::size_t i = 0;
+    for (; i + 8 <= block.size(); i += 8) {
+        const __m256 x = _mm256_loadu_ps(block.data() + i);
+        const __m256i negative = _mm256_srai_epi32(_mm256_castps_si256(x), 31); // all ones if < 0
+        const __m256 y = _mm256_mul_ps(_mm256_and_ps(x, magnitude_mask), inverse);
+        const __m256i key =
+            _mm256_min_epu32(_mm256_srli_epi32(_mm256_castps_si256(y), 16), max_key);
+        __m256i j = _mm256_and_si256(_mm256_i32gather_epi32(first_index, key, 1), low_byte);
+        const __m256 mid = _mm256_i32gather_ps(midpoints, j, 4);
+        const __m256i above = _mm256_castps_si256(_mm256_cmp_ps(y, mid, _CMP_GT_OQ));
+        const __m256i tie = _mm256_castps_si256(_mm256_cmp_ps(y, mid, _CMP_EQ_OQ));
+        j = _mm256_sub_epi32(j, _mm256_or_si256(above, _mm256_and_si256(tie, negative)));
+        const __m256i positive_code = _mm256_add_epi32(zero_code, j);
+        const __m256i negative_code = _mm256_sub_epi32(zero_code, _mm256_min_epu32(j, zero_code));
+        const __m256i code = _mm256_shuffle_epi8(
+            _mm256_blendv_epi8(positive_code, negative_code, negative), pick_low_bytes);
+        const __m128i packed =
+            _mm_unpacklo_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), packed);
+    }
+    quantize_block_scalar<false>(block.subspan(i), absmax, codes + i);
+}
+#endif
+
+#ifdef HIVEMESH_X86
+__attribute__((target("avx2"))) inline float
+block_absmax_avx2(std::span<const float> block) noexcept {
+    const __m256i magnitude_mask = _mm256_set1_epi32(0x7FFFFFFF);
+    __m256i largest = _mm256_setzero_si256();
+    std::size_t i = 0;
+    for (; i + 8 <= block.size(); i += 8) {
+        const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.data() + i));
+        largest = _mm256_max_epu32(largest, _mm256_and_si256(bits, magnitude_mask));
+    }
+    alignas(32) std::uint32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), largest);
+    std::uint32_t result = 0;
+    for (std::uint32_t lane : lanes)
+        result = std::max(result, lane);
+    for (; i < block.size(); ++i)
+        result = std::max(result, std::bit_cast<std::uint32_t>(block[i]) & 0x7FFFFFFFu);
+    return std::bit_cast<float>(result);
+}
+#endif
+
+/// Codes of one block whose absmax is positive and finite.
+inline void quantize_block(std::span<const float> block, float absmax,
+                           std::uint8_t* codes) noexcept {
+    if (!std::isfinite(1.0f / absmax)) // tiny subnormal absmax: the reciprocal overflows
+        return quantize_block_scalar<true>(block, absmax, codes);
+#ifdef HIVEMESH_X86
+    if (cpu().avx2) return quantize_block_avx2(block, absmax, codes);
+#endif
+    quantize_block_scalar<false>(block, absmax, codes);
+}
+
+/// Largest magnitude in the block, found by integer comparison of the magnitude bits (the
+/// same order as the floats), which vectorises without fast-math flags.
+inline float block_absmax(std::span<const float> block) noexcept {
+#ifdef HIVEMESH_X86
+    if (cpu().avx2) return block_absmax_avx2(block);
+#endif
+    std::uint32_t largest = 0;
+    for (float v : block)
+        largest = std::max(largest, std::bit_cast<std::uint32_t>(v) & 0x7FFFFFFFu);
+    return std::bit_cast<float>(largest);
+}
+
+/// True when no element is NaN or infinite: NaN and infinity have the largest magnitude bits.
+inline bool all_finite(std::span<const float> values) noexcept {
+    return std::bit_cast<std::uint32_t>(block_absmax(values)) < 0x7F800000u;
+}
+
+inline void encode_blockwise_8bit(std::span<const float> in, std::size_t block_size,
+                                  unsigned threads, std::byte* out) {
+    const std::size_t blocks = block_count(in.size(), block_size);
+    const std::uint32_t stored_block_size = static_cast<std::uint32_t>(block_size);
+    copy_bytes(out, &stored_block_size, 4);
+    auto* absmax_out = out + 4;
+    auto* codes = reinterpret_cast<std::uint8_t*>(out + 4 + 4 * blocks);
+    parallel_ranges(in.size(), block_size, threads, [&](std::size_t begin, std::size_t end) {
+        for (std::size_t start = begin; start < end; start += block_size) {
+            const auto block = in.subspan(start, std::min(block_size, end - start));
+            const float absmax = block_absmax(block);
+            copy_bytes(absmax_out + 4 * (start / block_size), &absmax, 4);
+            if (absmax == 0.0f)
+                std::memset(codes + start, 127, block.size());
+            else
+                quantize_block(block, absmax, codes + start);
+        }
+    });
+}
+
+/// Writes the payload of `in` encoded with `k` to `out` (payload_size bytes). The caller
+/// has checked the parameters and, for statistical codecs, that the input is finite.
+inline void encode(kind k, std::span<const float> in, const encode_params& p, std::byte* out) {
+    switch (k) {
+    case kind::none:
+        parallel_ranges(in.size(), 1 << 16, p.threads, [&](std::size_t b, std::size_t e) {
+            copy_bytes(out + 4 * b, in.data() + b, 4 * (e - b));
+        });
+        return;
+    case kind::float16: {
+        auto* halves = reinterpret_cast<std::uint16_t*>(out);
+        parallel_ranges(in.size(), 1 << 16, p.threads, [&](std::size_t b, std::size_t e) {
+            floats_to_halves(in.data() + b, halves + b, e - b);
+        });
+        return;
+    }
+    case kind::meanstd_16bit:
+        return encode_meanstd(in, row_length_for(in.size(), p.row_length), out);
+    case kind::uniform_8bit:
+        return encode_uniform_8bit(in, out);
+    case kind::quantile_8bit:
+        return encode_quantile_8bit(in, out);
+    case kind::blockwise_8bit:
+        return encode_blockwise_8bit(in, p.block_size, p.threads, out);
+    }
+}
+
+// ---------------------------------------------------------------- decoders
+
+/// Reads `n` floats from the payload that must all be finite (and positive if asked).
+inline bool read_finite_floats(binary_reader& r, std::span<float> out, bool positive) noexcept {
+    const byte_view bytes = r.read_bytes(4 * out.size());
+    if (!r.ok()) return false;
+    copy_bytes(out.data(), bytes.data(), bytes.size());
+    for (float v : out)
+        if (!std::isfinite(v) || (positive ? !(v > 0) : false)) return r.fail(errc::corrupt_data);
+    return true;
+}
+
+/// Decodes the payload that follows a validated header into `out` (size == count). Every
+/// field is checked, and the payload must end exactly where the buffer does; `out` is
+/// written only once the whole buffer has been validated.
+inline std::error_code decode(kind k, binary_reader& r, std::span<float> out, unsigned threads) {
+    const std::size_t n = out.size();
+    switch (k) {
+    case kind::none: {
+        const byte_view bytes = r.read_bytes(4 * n);
+        if (r.finish()) break;
+        parallel_ranges(n, 1 << 16, threads, [&](std::size_t b, std::size_t e) {
+            copy_bytes(out.data() + b, bytes.data() + 4 * b, 4 * (e - b));
+        });
+        break;
+    }
+    case kind::float16: {
+        const byte_view bytes = r.read_bytes(2 * n);
+        if (r.finish()) break;
+        const auto* halves = reinterpret_cast<const std::uint16_t*>(bytes.data());
+        parallel_ranges(n, 1 << 16, threads, [&](std::size_t b, std::size_t e) {
+            if (reinterpret_cast<std::uintptr_t>(halves) % alignof(std::uint16_t) == 0) {
+                halves_to_floats(halves + b, out.data() + b, e - b);
+            } else { // unaligned buffer: stage through an aligned copy
+                std::vector<std::uint16_t> staged(e - b);
+                copy_bytes(staged.data(), bytes.data() + 2 * b, 2 * (e - b));
+                halves_to_floats(staged.data(), out.data() + b, e - b);
+            }
+        });
+        break;
+    }
+    case kind::meanstd_16bit: {
+        const auto row_length = r.read<std::uint64_t>();
+        if (!r.ok()) break;
+        if (row_length == 0 || (n != 0 && n % row_length != 0) || (n == 0 && row_length != 1)) {
+            r.fail(errc::corrupt_data);
+            break;
+        }
+        const std::size_t rows = n / row_length;
+        // All rows must be present before the per-row arrays are allocated.
+        if (!r.check_count(rows, 8 + 2 * row_length, std::numeric_limits<std::size_t>::max()))
+            break;
+        std::vector<float> means(rows), stds(rows);
+        if (!read_finite_floats(r, means, false) || !read_finite_floats(r, stds, true)) break;
+        const byte_view bytes = r.read_bytes(2 * n);
+        if (r.finish()) break;
+        std::vector<std::uint16_t> halves(n);
+        copy_bytes(halves.data(), bytes.data(), bytes.size());
+        halves_to_floats(halves.data(), out.data(), n);
+        for (std::size_t row = 0; row < rows; ++row)
+            for (std::size_t i = row * row_length; i < (row + 1) * row_length; ++i)
+                out[i] = out[i] * stds[row] + means[row];
+        break;
+    }
+    case kind::uniform_8bit:
+    case kind::quantile_8bit: {
+        std::array<float, codebook_size> codebook{};
+        if (!read_finite_floats(r, codebook, false)) break;
+        const byte_view codes = r.read_bytes(n);
+        if (r.finish()) break;
+        for (std::size_t i = 0; i < n; ++i)
+            out[i] = codebook[static_cast<std::uint8_t>(codes[i])];
+        break;
+    }
+    case kind::blockwise_8bit: {
+        const auto block_size = r.read<std::uint32_t>();
+        if (!r.ok()) break;
+        if (block_size < min_block_size || block_size > max_block_size) {
+            r.fail(errc::corrupt_data);
+            break;
+        }
+        const std::size_t blocks = block_count(n, block_size);
+        const byte_view absmax_bytes = r.read_bytes(4 * blocks);
+        const byte_view codes = r.read_bytes(n);
+        if (r.finish()) break;
+        // Validate every scale before writing anything, so a bad buffer leaves `out` as it was.
+        std::vector<float> absmax(blocks);
+        copy_bytes(absmax.data(), absmax_bytes.data(), absmax_bytes.size());
+        for (float a : absmax)
+            if (!std::isfinite(a) || a < 0) r.fail(errc::corrupt_data);
+        if (!r.ok()) break;
+        const auto& map = dynamic_map();
+        parallel_ranges(n, block_size, threads, [&](std::size_t begin, std::size_t end) {
+            std::array<float, 256> scaled;
+            for (std::size_t start = begin; start < end; start += block_size) {
+                for (std::size_t c = 0; c < 256; ++c)
+                    scaled[c] = map[c] * absmax[start / block_size];
+                const std::size_t stop = std::min(end, start + block_size);
+                for (std::size_t i = start; i < stop; ++i)
+                    out[i] = scaled[static_cast<std::uint8_t>(codes[i])];
+            }
+        });
+        break;
+    }
+    }
+    return r.finish();
+}
+
+} // namespace hivemesh::compression::detail

@@ -1,0 +1,137 @@
+// The public face of tensor compression: float32 values to self-describing bytes and back.
+#pragma once
+
+#include "hivemesh/compression/codecs.hpp"
+#include "hivemesh/compression/format.hpp"
+#include "hivemesh/compression/kind.hpp"
+#include "hivemesh/core/binary.hpp"
+#include "hivemesh/core/error.hpp"
+
+#include <span>
+#include <system_error>
+#include <vector>
+
+namespace hivemesh::compression {
+
+/// Encoder settings. Everything a decoder needs is written into the buffer.
+struct options {
+    /// blockwise_8bit: elements per block, 64..4096.
+    std::size_t block_size = detail::max_block_size;
+    /// meanstd_16bit: elements per row (each row has its own mean and std); it must divide
+    /// the element count. 0 makes the whole tensor one row.
+    std::size_t row_length = 0;
+    /// none, float16 and blockwise_8bit split large tensors across this many threads.
+    unsigned threads = 1;
+    /// Recorded in the header for the receiver; the values are always given as float32.
+    dtype original = dtype::float32;
+};
+
+/// Decoder limits for buffers from untrusted sources.
+struct limits {
+    /// Largest element count accepted; larger buffers fail with length_limit_exceeded.
+    std::uint64_t max_elements = std::uint64_t{1} << 32;
+    /// none, float16 and blockwise_8bit decode large tensors on this many threads.
+    unsigned threads = 1;
+};
+
+/// Exact size in bytes of `count` elements compressed with `k`.
+inline std::size_t compressed_size(kind k, std::size_t count, const options& opts = {}) noexcept {
+    return detail::header_size +
+           detail::payload_size(k, count, {opts.block_size, opts.row_length, opts.threads});
+}
+
+/// Checks `opts` and `values` for codec `k`; returns invalid_argument for a bad block size
+/// or row length, non_finite_input for NaN or infinity given to a statistical codec.
+///
+/// Non-finite rule: `none` keeps every bit; `float16` keeps NaN and clamps infinities and
+/// out-of-range values to +-65504; the statistical codecs (meanstd_16bit, uniform_8bit,
+/// quantile_8bit, blockwise_8bit) refuse non-finite input, because one NaN or infinity
+/// would poison the statistics of every other element.
+inline std::error_code validate(kind k, std::span<const float> values,
+                                const options& opts) noexcept {
+    if (!is_known(k)) return errc::unknown_codec;
+    if (!is_known(opts.original)) return errc::invalid_argument;
+    if (k == kind::blockwise_8bit &&
+        (opts.block_size < detail::min_block_size || opts.block_size > detail::max_block_size))
+        return errc::invalid_argument;
+    if (k == kind::meanstd_16bit && opts.row_length != 0 &&
+        (values.size() % opts.row_length != 0 || values.empty()))
+        return errc::invalid_argument;
+    if (k != kind::none && k != kind::float16 && !detail::all_finite(values))
+        return errc::non_finite_input;
+    return {};
+}
+
+/// Appends the compressed form of `values` to `out`. On error `out` is unchanged.
+inline std::error_code compress_into(kind k, std::span<const float> values, byte_buffer& out,
+                                     const options& opts = {}) {
+    if (auto ec = validate(k, values, opts)) return ec;
+    const detail::encode_params params{opts.block_size, opts.row_length, opts.threads};
+    const std::size_t payload = detail::payload_size(k, values.size(), params);
+    const std::size_t start = out.size();
+    try {
+        out.reserve(start + detail::header_size + payload);
+        binary_writer writer(out);
+        detail::write_header(writer, {k, opts.original, values.size()});
+        detail::encode(k, values, params, writer.grow(payload));
+    } catch (...) {
+        out.resize(start);
+        throw;
+    }
+    return {};
+}
+
+/// Compresses `values` with codec `k` into a new self-describing buffer.
+/// Throws std::system_error with errc::invalid_argument, unknown_codec or non_finite_input.
+inline byte_buffer compress(kind k, std::span<const float> values, const options& opts = {}) {
+    byte_buffer out;
+    throw_if_error(compress_into(k, values, out, opts), "hivemesh::compression::compress");
+    return out;
+}
+
+/// Reads and validates the header of a compressed buffer without decoding it.
+inline std::error_code read_header(byte_view buffer, header& result,
+                                   const limits& lim = {}) noexcept {
+    binary_reader reader(buffer);
+    result = detail::read_header(reader, lim.max_elements);
+    return reader.error();
+}
+
+/// Decodes `buffer` into `out`, whose size must equal the encoded element count
+/// (size_mismatch otherwise). Errors: truncated_input, bad_magic, unsupported_version,
+/// unknown_codec, corrupt_data, trailing_data, length_limit_exceeded. On error `out` is
+/// unchanged.
+inline std::error_code decompress_into(byte_view buffer, std::span<float> out,
+                                       const limits& lim = {}) {
+    binary_reader reader(buffer);
+    const header h = detail::read_header(reader, lim.max_elements);
+    if (!reader.ok()) return reader.error();
+    if (h.count != out.size()) return errc::size_mismatch;
+    return detail::decode(h.codec, reader, out, lim.threads);
+}
+
+/// Non-throwing decompress(): returns an empty vector and sets `ec` on error.
+inline std::vector<float> decompress(byte_view buffer, std::error_code& ec,
+                                     const limits& lim = {}) {
+    header h;
+    ec = read_header(buffer, h, lim);
+    // Each element takes at least one payload byte, so the allocation below is bounded by
+    // the size of the input.
+    if (!ec && h.count > buffer.size()) ec = errc::truncated_input;
+    if (ec) return {};
+    std::vector<float> values(static_cast<std::size_t>(h.count));
+    ec = decompress_into(buffer, values, lim);
+    if (ec) values.clear();
+    return values;
+}
+
+/// Decodes a buffer made by compress(). Throws std::system_error on malformed input (see
+/// decompress_into); never allocates more than the buffer's contents justify.
+inline std::vector<float> decompress(byte_view buffer, const limits& lim = {}) {
+    std::error_code ec;
+    auto values = decompress(buffer, ec, lim);
+    throw_if_error(ec, "hivemesh::compression::decompress");
+    return values;
+}
+
+} // namespace hivemesh::compression

@@ -1,0 +1,9 @@
+// The core layer: buffers, the bounded reader/writer, errors, clocks, logging, random.
+#pragma once
+
+#include "hivemesh/core/binary.hpp"
+#include "hivemesh/core/bytes.hpp"
+#include "hivemesh/core/clock.hpp"
+#include "hivemesh/core/error.hpp"
+#include "hivemesh/core/log.hpp"
+#include "hivemesh/core/random.hpp"

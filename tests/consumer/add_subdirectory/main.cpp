@@ -1,0 +1,78 @@
+// A consumer that builds hivemesh from source with add_subdirectory(). Prints
+// "hivemesh consumer: ok" and returns 0 when every check passes.
+#include <hivemesh/core.hpp>
+
+// hivemesh::hivemesh must bring its dependencies' headers and libraries.
+#include <asio/version.hpp>
+#include <sodium.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <system_error>
+
+static_assert(__cplusplus >= 202002L, "hivemesh's usage requirements must ask for C++20");
+#ifndef ASIO_STANDALONE
+#error "hivemesh's usage requirements must define ASIO_STANDALONE"
+#endif
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const char* what) {
+    if (!ok) {
+        std::fprintf(stderr, "FAILED: %s\n", what);
+        ++failures;
+    }
+}
+
+} // namespace
+
+int main() {
+    hivemesh::byte_buffer buf;
+    hivemesh::binary_writer writer(buf);
+    writer.write(std::int16_t{-2});
+    writer.write(std::uint64_t{3}); // an element count ...
+    for (std::uint32_t v : {7u, 8u, 9u})
+        writer.write(v); // ... and the elements
+    writer.write_f32(1.5f);
+    check(buf.size() == 2 + 8 + 12 + 4, "encoded size");
+    check(buf[0] == std::byte{0xFE} && buf[1] == std::byte{0xFF}, "little-endian layout");
+
+    hivemesh::binary_reader reader(buf);
+    check(reader.read<std::int16_t>() == -2, "i16 round trip");
+    const std::size_t n = reader.read_count(sizeof(std::uint32_t), 16);
+    check(n == 3, "element count");
+    std::uint32_t sum = 0;
+    for (std::size_t i = 0; i < n; ++i)
+        sum += reader.read<std::uint32_t>();
+    check(sum == 24, "elements round trip");
+    check(reader.read_f32() == 1.5f, "f32 round trip");
+    check(!reader.finish(), "whole message consumed");
+
+    // A hostile count is refused before anything is allocated.
+    hivemesh::byte_buffer hostile;
+    hivemesh::binary_writer(hostile).write(std::numeric_limits<std::uint64_t>::max());
+    hivemesh::binary_reader bad(hostile);
+    check(bad.read_count(sizeof(std::uint32_t), 1u << 20) == 0, "hostile count refused");
+    check(bad.error() == hivemesh::errc::length_limit_exceeded, "length_limit_exceeded");
+    try {
+        hivemesh::throw_if_error(bad.error(), "consumer");
+        check(false, "throw_if_error throws");
+    } catch (const std::system_error& e) {
+        check(e.code() == hivemesh::errc::length_limit_exceeded, "system_error carries errc");
+    }
+
+    check(sodium_init() >= 0, "libsodium links and initialises");
+    check(XXH64("", 0, 0) == 0xEF46DB3751D8E999ULL, "xxHash links");
+    check(ZSTD_versionNumber() >= 10400, "zstd links");
+    check(ASIO_VERSION >= 101800, "Asio is at least 1.18");
+
+    if (failures != 0) return 1;
+    std::puts("hivemesh consumer: ok");
+    return 0;
+}

@@ -1,0 +1,80 @@
+// A consumer of an installed hivemesh: built by tests/consumer/find_package/CMakeLists.txt
+// (find_package(hivemesh CONFIG)) and, with the flags of `pkg-config --cflags --libs
+// hivemesh`, by the pkg-config test. Prints "hivemesh consumer: ok" and returns 0 when every
+// check passes.
+#include <hivemesh/core.hpp>
+
+// hivemesh::hivemesh (or hivemesh.pc) must bring its dependencies' headers and libraries.
+#include <asio/version.hpp>
+#include <sodium.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#if defined(HIVEMESH_CONSUMER_EIGEN)
+#include <Eigen/Core>
+#if __has_include(<hivemesh/tensor/eigen.hpp>)
+#include <hivemesh/tensor/eigen.hpp>
+#endif
+#endif
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <system_error>
+
+static_assert(__cplusplus >= 202002L, "hivemesh's usage requirements must ask for C++20");
+#ifndef ASIO_STANDALONE
+#error "hivemesh's usage requirements must define ASIO_STANDALONE"
+#endif
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const char* what) {
+    if (!ok) {
+        std::fprintf(stderr, "FAILED: %s\n", what);
+        ++failures;
+    }
+}
+
+} // namespace
+
+int main() {
+    hivemesh::byte_buffer buf;
+    hivemesh::binary_writer writer(buf);
+    writer.write(std::uint32_t{0x01020304});
+    writer.write_string("consumer");
+    writer.write_f64(-0.5);
+    check(buf.size() == 4 + 4 + 8 + 8, "encoded size");
+    check(buf[0] == std::byte{0x04} && buf[3] == std::byte{0x01}, "little-endian layout");
+
+    hivemesh::binary_reader reader(buf);
+    check(reader.read<std::uint32_t>() == 0x01020304, "u32 round trip");
+    check(reader.read_string(64) == "consumer", "string round trip");
+    check(reader.read_f64() == -0.5, "f64 round trip");
+    check(!reader.finish(), "whole message consumed");
+
+    hivemesh::binary_reader truncated(hivemesh::byte_view(buf).first(10));
+    check(truncated.read<std::uint32_t>() == 0x01020304, "prefix field");
+    check(truncated.read_string(64).empty(), "truncated string is empty");
+    const std::error_code ec = truncated.finish();
+    check(ec == hivemesh::errc::truncated_input, "truncated_input reported");
+    check(ec != hivemesh::errc::trailing_data, "errc comparison");
+    check(std::string(ec.category().name()) == "hivemesh", "category name");
+
+    check(sodium_init() >= 0, "libsodium links and initialises");
+    check(XXH64("", 0, 0) == 0xEF46DB3751D8E999ULL, "xxHash links");
+    check(ZSTD_versionNumber() >= 10400, "zstd links");
+    check(ASIO_VERSION >= 101800, "Asio is at least 1.18");
+
+#if defined(HIVEMESH_CONSUMER_EIGEN)
+    // hivemesh::eigen brings Eigen's include directories.
+    const Eigen::Vector3f v(1.0f, 2.0f, 3.0f);
+    check(v.sum() == 6.0f, "Eigen through hivemesh::eigen");
+#endif
+
+    if (failures != 0) return 1;
+    std::puts("hivemesh consumer: ok");
+    return 0;
+}
