@@ -1,0 +1,751 @@
+// The stream multiplexer: many concurrent, flow-controlled message streams over one secure
+// connection, so a small request is never stuck behind a 100 MB transfer.
+//
+// Fairness: the writer takes at most `frame_payload` bytes from a stream before moving on
+// to the next ready stream (round robin), and control frames go first.
+// Backpressure: each stream has a receive window. The receiver credits bytes back once the
+// application consumed the messages they belong to; bytes of a message still being
+// assembled are credited at once while nothing is queued ahead of it (so messages larger
+// than the window still flow), up to a per-connection budget. Memory per connection is
+// therefore bounded by max_streams x initial_window + max_buffered_bytes.
+//
+// Threading: a connection and its streams live on one executor (a strand, or the single
+// thread of a simulated network); every member is called on it.
+#pragma once
+
+#include "hivemesh/core/bytes.hpp"
+#include "hivemesh/core/error.hpp"
+#include "hivemesh/core/log.hpp"
+#include "hivemesh/crypto/peer_id.hpp"
+#include "hivemesh/net/frame.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/channel.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace hivemesh::net {
+
+/// Limits and tuning of one multiplexed connection.
+struct mux_options {
+    /// Bytes a peer may send on one stream before we credit them back.
+    std::uint32_t initial_window = 2u << 20;
+    /// Streams a peer may have open towards us at once; more are refused.
+    std::uint32_t max_streams = 128;
+    /// Largest message we accept on a stream.
+    std::uint32_t max_message_size = 16u << 20;
+    /// Bytes of partially received messages credited ahead of the application, per
+    /// connection; past it, large messages wait for the application like small ones.
+    std::size_t max_buffered_bytes = 64u << 20;
+    /// Largest data frame payload: the unit of round-robin fairness.
+    std::size_t frame_payload = 64u << 10;
+    /// Bytes gathered into one write to the secure channel.
+    std::size_t max_batch_bytes = 256u << 10;
+};
+
+namespace detail {
+
+/// Records in, records out: what the multiplexer needs from the secure session.
+class record_channel {
+public:
+    virtual ~record_channel() = default;
+    /// Sends each view as one record, all in one write; not called concurrently.
+    virtual asio::awaitable<std::error_code> write(std::span<const byte_view> records) = 0;
+    /// The next record, valid until the next read.
+    virtual asio::awaitable<std::error_code> read(byte_view& record) = 0;
+    /// Closes at once; pending reads and writes fail.
+    virtual void close() noexcept = 0;
+};
+
+/// Wakes one waiting coroutine; a notification while nobody waits is kept (once).
+class wakeup {
+public:
+    explicit wakeup(const asio::any_io_executor& ex)
+        : channel_(ex, 1) {}
+    void notify() { channel_.try_send(std::error_code{}, true); }
+    /// Completes on notify(); with an error if the awaiting operation was cancelled.
+    asio::awaitable<std::error_code> wait() {
+        auto [ec, unused] =
+            co_await channel_.async_receive(asio::experimental::as_tuple(asio::use_awaitable));
+        co_return ec;
+    }
+
+private:
+    // Asio 1.22's channel needs a value besides the error code.
+    asio::experimental::channel<void(std::error_code, bool)> channel_;
+};
+
+/// The protocol's initial window and stream count until the peer's settings arrive.
+inline constexpr std::uint32_t default_peer_window = 64u << 10;
+inline constexpr std::uint32_t default_peer_streams = 8;
+inline constexpr std::uint32_t default_peer_message_size = 64u << 10;
+
+struct stream_state {
+    stream_state(const asio::any_io_executor& ex, std::uint32_t stream_id, std::int64_t window)
+        : id(stream_id)
+        , send_window(window)
+        , readable(ex)
+        , writable(ex)
+        , finished_signal(ex) {}
+
+    std::uint32_t id;
+    bool opened_by_us = false;
+
+    // Receiving.
+    std::deque<byte_buffer> inbox; ///< complete messages for the application
+    std::size_t inbox_bytes = 0;
+    byte_buffer partial;        ///< the message being assembled
+    std::uint64_t received = 0; ///< payload bytes received
+    std::uint64_t credited = 0; ///< ... of which credited back to the sender
+    bool remote_ended = false;
+
+    // Sending.
+    struct outgoing {
+        byte_buffer message;
+        std::size_t offset = 0;
+        bool end_stream = false;
+        bool bare = false; ///< no message: only ends the stream
+    };
+    std::deque<outgoing> outbox;
+    std::int64_t send_window;
+    std::uint64_t messages_queued = 0;
+    std::uint64_t messages_written = 0;
+    bool open_sent = false;
+    bool local_ended = false;
+    bool in_ready_list = false;
+
+    std::error_code failure; ///< reset by either side, or the connection failed
+    bool finished = false;   ///< removed from the connection
+    wakeup readable;
+    wakeup writable;
+    wakeup finished_signal;
+};
+
+} // namespace detail
+
+class mux_connection;
+
+/// One stream of a multiplexed connection: ordered messages both ways. Move-only; dropping
+/// a stream that has not ended both ways resets it (the peer sees errc::cancelled).
+class mux_stream {
+public:
+    mux_stream() = default;
+    mux_stream(std::shared_ptr<mux_connection> connection,
+               std::shared_ptr<detail::stream_state> state) noexcept
+        : connection_(std::move(connection))
+        , state_(std::move(state)) {}
+    mux_stream(mux_stream&&) noexcept = default;
+    mux_stream& operator=(mux_stream&& other) noexcept {
+        if (this != &other) {
+            abandon();
+            connection_ = std::move(other.connection_);
+            state_ = std::move(other.state_);
+        }
+        return *this;
+    }
+    ~mux_stream() { abandon(); }
+
+    explicit operator bool() const noexcept { return state_ != nullptr; }
+    std::uint32_t id() const noexcept { return state_->id; }
+    const crypto::peer_id& remote() const noexcept;
+
+    /// Sends one message; with `end_stream` it is the last. Completes once the message has
+    /// been handed to the secure channel. Errors: message_too_large (over the peer's
+    /// limit), connection_closed, the peer's reset code, invalid_argument after the end;
+    /// cancellation of the awaiting coroutine resets the stream (errc::cancelled).
+    asio::awaitable<std::error_code> send(byte_buffer message, bool end_stream = false);
+
+    /// Ends our side without a message. Errors as send().
+    asio::awaitable<std::error_code> end();
+
+    /// Receives the next message. Errors: asio::error::eof once the peer ended the stream,
+    /// the peer's reset code, connection_closed; cancellation resets the stream.
+    asio::awaitable<std::error_code> receive(byte_buffer& message);
+
+    /// Aborts both directions and tells the peer `code`.
+    void reset(errc code = errc::cancelled);
+
+    /// Observes a stream without owning it: dropping a watcher never resets the stream.
+    class watcher {
+    public:
+        /// Completes when the stream has ended both ways or was reset. One waiter at a time.
+        asio::awaitable<void> until_finished();
+        void reset(errc code);
+
+    private:
+        friend class mux_stream;
+        std::shared_ptr<mux_connection> connection_;
+        std::shared_ptr<detail::stream_state> state_;
+    };
+    watcher watch() const {
+        watcher w;
+        w.connection_ = connection_;
+        w.state_ = state_;
+        return w;
+    }
+
+private:
+    void abandon() noexcept;
+
+    std::shared_ptr<mux_connection> connection_;
+    std::shared_ptr<detail::stream_state> state_;
+};
+
+/// A multiplexed connection over a secure record channel. Create with std::make_shared,
+/// then start(); it runs until close() or a failure.
+class mux_connection : public std::enable_shared_from_this<mux_connection> {
+public:
+    /// Called for every stream the peer opens.
+    using incoming_handler = std::function<void(mux_stream)>;
+    /// Called once when the connection ends, with the reason.
+    using closed_handler = std::function<void(std::error_code)>;
+
+    mux_connection(asio::any_io_executor ex, std::unique_ptr<detail::record_channel> channel,
+                   crypto::peer_id remote, bool we_dialed, mux_options options)
+        : ex_(std::move(ex))
+        , channel_(std::move(channel))
+        , remote_(remote)
+        , options_(options)
+        , next_local_id_(we_dialed ? 1 : 2)
+        , writer_wake_(ex_) {}
+
+    mux_connection(const mux_connection&) = delete;
+    mux_connection& operator=(const mux_connection&) = delete;
+
+    /// Sends our settings (with `hello`, e.g. listen addresses) and starts reading and
+    /// writing.
+    void start(byte_buffer hello, incoming_handler on_incoming, closed_handler on_closed) {
+        on_incoming_ = std::move(on_incoming);
+        on_closed_ = std::move(on_closed);
+        byte_buffer frame;
+        binary_writer w(frame);
+        write_settings_frame(w, {options_.initial_window, options_.max_streams,
+                                 options_.max_message_size, std::move(hello)});
+        control_.push_back(std::move(frame));
+        auto self = shared_from_this();
+        asio::co_spawn(
+            ex_, [self]() { return self->read_loop(); }, asio::detached);
+        asio::co_spawn(
+            ex_, [self]() { return self->write_loop(); }, asio::detached);
+    }
+
+    /// Opens a stream, waiting while the peer's stream limit is reached. Errors:
+    /// connection_closed; cancellation of the awaiting coroutine gives errc::cancelled.
+    asio::awaitable<std::error_code> open(mux_stream& out) {
+        while (!closed_ && local_streams_ >= peer_.max_streams) {
+            auto waiter = std::make_shared<detail::wakeup>(ex_);
+            open_waiters_.push_back(waiter);
+            const std::error_code cancelled = co_await waiter->wait();
+            if (cancelled) {
+                std::erase(open_waiters_, waiter);
+                co_return errc::cancelled;
+            }
+        }
+        if (closed_) co_return errc::connection_closed;
+        const std::uint32_t id = next_local_id_;
+        next_local_id_ += 2;
+        auto state = std::make_shared<detail::stream_state>(ex_, id, peer_.initial_window);
+        state->opened_by_us = true;
+        streams_.emplace(id, state);
+        ++local_streams_;
+        ++activity_;
+        out = mux_stream(shared_from_this(), std::move(state));
+        co_return std::error_code{};
+    }
+
+    /// Ends every stream with connection_closed and closes the channel.
+    void close() { fail(errc::connection_closed); }
+
+    bool is_open() const noexcept { return !closed_; }
+    std::error_code close_reason() const noexcept { return close_reason_; }
+    const crypto::peer_id& remote() const noexcept { return remote_; }
+    /// The peer's settings hello (empty until its settings frame arrived).
+    const byte_buffer& remote_hello() const noexcept { return peer_.hello; }
+    std::size_t stream_count() const noexcept { return streams_.size(); }
+    /// Changes whenever a stream opens or finishes: lets an idle sweep tell a connection
+    /// that stayed idle from one that was busy in between.
+    std::uint64_t activity() const noexcept { return activity_; }
+    const asio::any_io_executor& get_executor() const noexcept { return ex_; }
+
+private:
+    friend class mux_stream;
+    friend class mux_stream::watcher;
+    using stream_ptr = std::shared_ptr<detail::stream_state>;
+
+    // ---- sending -------------------------------------------------------------------
+
+    asio::awaitable<std::error_code> send(const stream_ptr& s, byte_buffer message, bool end_stream,
+                                          bool bare = false) {
+        if (s->failure) co_return s->failure;
+        if (s->local_ended) co_return errc::invalid_argument;
+        // The peer's real limit comes with its settings; only a message above the protocol
+        // default has to wait for them.
+        while (!settings_received_ && !closed_ && message.size() > peer_.max_message_size) {
+            auto waiter = std::make_shared<detail::wakeup>(ex_);
+            settings_waiters_.push_back(waiter);
+            const std::error_code cancelled = co_await waiter->wait();
+            if (cancelled) {
+                std::erase(settings_waiters_, waiter);
+                co_return errc::cancelled;
+            }
+        }
+        if (s->failure) co_return s->failure;
+        if (message.size() > peer_.max_message_size) co_return errc::message_too_large;
+        s->local_ended = end_stream;
+        s->outbox.push_back({std::move(message), 0, end_stream, bare});
+        const std::uint64_t mine = ++s->messages_queued;
+        make_ready(s);
+        while (!s->failure && s->messages_written < mine) {
+            const std::error_code cancelled = co_await s->writable.wait();
+            if (cancelled) {
+                reset(s, errc::cancelled);
+                co_return errc::cancelled;
+            }
+        }
+        co_return s->messages_written >= mine ? std::error_code{} : s->failure;
+    }
+
+    void make_ready(const stream_ptr& s) {
+        if (s->in_ready_list || s->outbox.empty() || s->failure) return;
+        // A zero-length message needs no window; anything else waits for credit.
+        const auto& front = s->outbox.front();
+        if (s->send_window <= 0 && front.offset < front.message.size()) return;
+        s->in_ready_list = true;
+        ready_.push_back(s);
+        writer_wake_.notify();
+    }
+
+    asio::awaitable<void> write_loop() {
+        auto self = shared_from_this(); // keeps the connection while the loop runs
+        std::vector<byte_buffer> frames;
+        std::vector<byte_view> views;
+        std::vector<stream_ptr> completed;
+        while (!closed_) {
+            if (control_.empty() && ready_.empty()) {
+                co_await writer_wake_.wait();
+                continue;
+            }
+            frames.clear();
+            completed.clear();
+            std::size_t batch = 0;
+            while (!control_.empty()) {
+                batch += control_.front().size();
+                frames.push_back(std::move(control_.front()));
+                control_.pop_front();
+            }
+            while (!ready_.empty() && batch < options_.max_batch_bytes) {
+                stream_ptr s = std::move(ready_.front());
+                ready_.pop_front();
+                s->in_ready_list = false;
+                if (s->failure || s->outbox.empty()) continue;
+                batch += take_frame(s, frames, completed);
+                make_ready(s);
+            }
+            views.assign(frames.begin(), frames.end());
+            if (auto ec = co_await channel_->write(views)) {
+                fail(ec);
+                break;
+            }
+            for (const auto& s : completed) {
+                ++s->messages_written;
+                s->writable.notify();
+            }
+        }
+    }
+
+    /// Cuts the next data frame from `s` into `frames`; returns its size.
+    std::size_t take_frame(const stream_ptr& s, std::vector<byte_buffer>& frames,
+                           std::vector<stream_ptr>& completed) {
+        auto& out = s->outbox.front();
+        const std::size_t remaining = out.message.size() - out.offset;
+        const std::size_t chunk = std::min<std::size_t>(
+            {remaining, options_.frame_payload,
+             static_cast<std::size_t>(std::max<std::int64_t>(s->send_window, 0))});
+        const bool last = chunk == remaining;
+        std::uint8_t flags = 0;
+        if (!s->open_sent) flags |= frame_flags::open;
+        if (last && !out.bare) flags |= frame_flags::end_message;
+        if (last && out.end_stream) flags |= frame_flags::end_stream;
+        s->open_sent = true;
+
+        byte_buffer frame;
+        frame.reserve(detail::data_header_size + chunk);
+        binary_writer w(frame);
+        write_data_header(w, s->id, flags);
+        w.write_bytes(byte_view(out.message).subspan(out.offset, chunk));
+        frames.push_back(std::move(frame));
+        out.offset += chunk;
+        s->send_window -= static_cast<std::int64_t>(chunk);
+        if (last) {
+            const bool ended = out.end_stream;
+            s->outbox.pop_front();
+            completed.push_back(s);
+            if (ended) maybe_finish(s);
+        }
+        return detail::data_header_size + chunk;
+    }
+
+    void queue_control(byte_buffer frame) {
+        control_.push_back(std::move(frame));
+        writer_wake_.notify();
+    }
+
+    // ---- receiving -----------------------------------------------------------------
+
+    asio::awaitable<void> read_loop() {
+        auto self = shared_from_this();
+        frame f;
+        while (!closed_) {
+            byte_view record;
+            if (auto ec = co_await channel_->read(record)) {
+                fail(ec == asio::error::eof ? make_error_code(errc::connection_closed) : ec);
+                break;
+            }
+            if (closed_) break;
+            if (auto ec = decode_frame(record, f, options_.frame_payload)) {
+                log::warning("mux", "protocol violation from ", remote_.short_string(), ": ",
+                             ec.message());
+                fail(ec);
+                break;
+            }
+            if (auto ec = dispatch(f)) {
+                log::warning("mux", "protocol violation from ", remote_.short_string(), ": ",
+                             ec.message());
+                fail(ec);
+                break;
+            }
+        }
+    }
+
+    std::error_code dispatch(frame& f) {
+        switch (f.type) {
+        case frame_type::settings:
+            return on_settings(f.settings);
+        case frame_type::data:
+            return on_data(f);
+        case frame_type::window:
+            if (auto s = find(f.stream)) {
+                s->send_window += f.value;
+                if (s->send_window > std::int64_t{1} << 32) return errc::protocol_violation;
+                make_ready(s);
+            }
+            return {};
+        case frame_type::reset:
+            if (auto s = find(f.stream)) {
+                if (f.value == 0) { // the peer is done: it reads nothing more, sends nothing more
+                    if (!s->partial.empty()) return errc::protocol_violation;
+                    s->remote_ended = true;
+                    finish(s, {});
+                    return {};
+                }
+                const auto code = static_cast<errc>(f.value);
+                const bool known =
+                    f.value >= 1 && f.value <= static_cast<std::uint32_t>(errc::remote_error);
+                finish(s, known ? make_error_code(code) : make_error_code(errc::remote_error));
+            }
+            return {};
+        case frame_type::ping: {
+            byte_buffer pong;
+            binary_writer w(pong);
+            write_ping_frame(w, frame_type::pong, f.token);
+            queue_control(std::move(pong));
+            return {};
+        }
+        case frame_type::pong:
+        case frame_type::goaway:
+            return {};
+        }
+        return errc::protocol_violation;
+    }
+
+    std::error_code on_settings(mux_settings& settings) {
+        if (settings_received_) return errc::protocol_violation;
+        if (settings.initial_window == 0 || settings.max_streams == 0 ||
+            settings.max_message_size == 0)
+            return errc::protocol_violation;
+        settings_received_ = true;
+        const std::int64_t delta = std::int64_t{settings.initial_window} - peer_.initial_window;
+        peer_ = std::move(settings);
+        for (auto& [id, s] : streams_) { // their windows started from the default
+            s->send_window += delta;
+            make_ready(s);
+        }
+        wake_openers();
+        wake_all(settings_waiters_);
+        return {};
+    }
+
+    std::error_code on_data(const frame& f) {
+        stream_ptr s = find(f.stream);
+        const bool ours = (f.stream & 1u) == (next_local_id_ & 1u);
+        if (!s) {
+            if (ours) // a stream we opened and already finished, or never opened
+                return f.stream < next_local_id_ ? std::error_code{} : errc::protocol_violation;
+            // Streams need not open in id order (a stream's first frame may wait for
+            // window or settings): without the open flag this is late data for a stream
+            // that already finished here, and is dropped.
+            if ((f.flags & frame_flags::open) == 0) return {};
+            if (remote_streams_ >= options_.max_streams) {
+                queue_reset(f.stream, errc::refused);
+                return {};
+            }
+            s = std::make_shared<detail::stream_state>(ex_, f.stream, peer_.initial_window);
+            s->open_sent = true; // the peer opened it: our frames carry no open flag
+            streams_.emplace(f.stream, s);
+            ++remote_streams_;
+            ++activity_;
+            if (on_incoming_) on_incoming_(mux_stream(shared_from_this(), s));
+        } else if (f.flags & frame_flags::open) {
+            return errc::protocol_violation;
+        }
+        if (s->remote_ended) return errc::protocol_violation;
+
+        s->received += f.payload.size();
+        if (s->received - s->credited > options_.initial_window) return errc::protocol_violation;
+        if (s->partial.size() + f.payload.size() > options_.max_message_size) {
+            reset(s, errc::message_too_large);
+            return {};
+        }
+        s->partial.insert(s->partial.end(), f.payload.begin(), f.payload.end());
+        buffered_ += f.payload.size();
+        if (f.flags & frame_flags::end_message) {
+            s->inbox_bytes += s->partial.size();
+            s->inbox.push_back(std::move(s->partial));
+            s->partial = {};
+        }
+        if (f.flags & frame_flags::end_stream) {
+            if (!s->partial.empty()) return errc::protocol_violation; // ended mid-message
+            s->remote_ended = true;
+            maybe_finish(s);
+        }
+        s->readable.notify();
+        credit(s);
+        return {};
+    }
+
+    /// Credits back what the application consumed and, while nothing waits ahead of it,
+    /// the message being assembled.
+    void credit(const stream_ptr& s) {
+        if (s->remote_ended || s->failure) return;
+        const std::uint64_t uncredited = s->received - s->credited;
+        std::uint64_t hold = s->inbox_bytes;
+        if (!s->inbox.empty() || buffered_ > options_.max_buffered_bytes) hold += s->partial.size();
+        if (uncredited <= hold) return;
+        const std::uint64_t amount = uncredited - hold;
+        // Small credits are batched; a stalled sender always gets at least a quarter window.
+        if (amount < options_.initial_window / 4 && uncredited < options_.initial_window) return;
+        s->credited += amount;
+        byte_buffer frame;
+        binary_writer w(frame);
+        write_window_frame(w, s->id, static_cast<std::uint32_t>(amount));
+        queue_control(std::move(frame));
+    }
+
+    asio::awaitable<std::error_code> receive(const stream_ptr& s, byte_buffer& message) {
+        while (s->inbox.empty()) {
+            if (s->failure) co_return s->failure;
+            if (s->remote_ended) co_return asio::error::eof;
+            const std::error_code cancelled = co_await s->readable.wait();
+            if (cancelled) {
+                reset(s, errc::cancelled);
+                co_return errc::cancelled;
+            }
+        }
+        message = std::move(s->inbox.front());
+        s->inbox.pop_front();
+        s->inbox_bytes -= message.size();
+        buffered_ -= message.size();
+        credit(s);
+        co_return std::error_code{};
+    }
+
+    // ---- stream and connection lifetime --------------------------------------------
+
+    stream_ptr find(std::uint32_t id) const {
+        const auto it = streams_.find(id);
+        return it == streams_.end() ? nullptr : it->second;
+    }
+
+    /// A stream both sides ended leaves the connection.
+    void maybe_finish(const stream_ptr& s) {
+        if (s->local_ended && s->outbox.empty() && s->remote_ended) finish(s, {});
+    }
+
+    /// Our side has sent everything and wants nothing more: the peer keeps what it
+    /// received (a reset with code 0) and the stream leaves both sides.
+    void stop(const stream_ptr& s) {
+        if (s->finished) return;
+        if (!closed_) queue_reset(s->id, errc{});
+        finish(s, {});
+    }
+
+    void queue_reset(std::uint32_t id, errc code) {
+        byte_buffer frame;
+        binary_writer w(frame);
+        write_reset_frame(w, id, static_cast<std::uint16_t>(code));
+        queue_control(std::move(frame));
+    }
+
+    void reset(const stream_ptr& s, errc code) {
+        if (s->finished) return;
+        if (!closed_) queue_reset(s->id, code);
+        finish(s, code);
+    }
+
+    /// Removes `s` from the connection; a set `failure` ends it for the application too.
+    void finish(const stream_ptr& s, std::error_code failure) {
+        if (s->finished) return;
+        s->finished = true;
+        if (failure && !s->failure) s->failure = failure;
+        // Received messages stay readable after a clean finish; unsent ones are cancelled.
+        if (!s->failure && !s->outbox.empty()) s->failure = errc::cancelled;
+        buffered_ -= s->partial.size();
+        if (s->failure) {
+            buffered_ -= s->inbox_bytes;
+            s->inbox.clear();
+            s->inbox_bytes = 0;
+            s->outbox.clear();
+        }
+        s->partial.clear();
+        streams_.erase(s->id);
+        ++activity_;
+        if (s->opened_by_us) {
+            --local_streams_;
+            wake_openers();
+        } else {
+            --remote_streams_;
+        }
+        s->readable.notify();
+        s->writable.notify();
+        s->finished_signal.notify();
+    }
+
+    static void wake_all(std::deque<std::shared_ptr<detail::wakeup>>& waiters) {
+        for (auto& waiter : waiters)
+            waiter->notify();
+        waiters.clear();
+    }
+
+    void wake_openers() {
+        std::uint32_t free =
+            peer_.max_streams > local_streams_ ? peer_.max_streams - local_streams_ : 0;
+        while (free-- > 0 && !open_waiters_.empty()) {
+            open_waiters_.front()->notify();
+            open_waiters_.pop_front();
+        }
+    }
+
+    void fail(std::error_code reason) {
+        if (closed_) return;
+        closed_ = true;
+        close_reason_ = reason;
+        const std::error_code stream_error =
+            reason == errc::connection_closed ? reason : make_error_code(errc::connection_closed);
+        for (auto streams = streams_; auto& [id, s] : streams)
+            finish(s, stream_error);
+        ready_.clear();
+        control_.clear();
+        wake_all(open_waiters_);
+        wake_all(settings_waiters_);
+        channel_->close();
+        writer_wake_.notify();
+        if (on_closed_) {
+            auto handler = std::move(on_closed_);
+            handler(reason);
+        }
+        on_incoming_ = nullptr;
+    }
+
+    asio::any_io_executor ex_;
+    std::unique_ptr<detail::record_channel> channel_;
+    crypto::peer_id remote_;
+    mux_options options_;
+    mux_settings peer_{detail::default_peer_window,
+                       detail::default_peer_streams,
+                       detail::default_peer_message_size,
+                       {}};
+    bool settings_received_ = false;
+
+    std::unordered_map<std::uint32_t, stream_ptr> streams_;
+    std::uint32_t next_local_id_;
+    std::uint32_t local_streams_ = 0;
+    std::uint32_t remote_streams_ = 0;
+    std::size_t buffered_ = 0; ///< payload bytes held for the application, all streams
+    std::uint64_t activity_ = 0;
+
+    std::deque<byte_buffer> control_;
+    std::deque<stream_ptr> ready_;
+    std::deque<std::shared_ptr<detail::wakeup>> open_waiters_;
+    std::deque<std::shared_ptr<detail::wakeup>> settings_waiters_;
+    detail::wakeup writer_wake_;
+
+    bool closed_ = false;
+    std::error_code close_reason_;
+    incoming_handler on_incoming_;
+    closed_handler on_closed_;
+};
+
+inline const crypto::peer_id& mux_stream::remote() const noexcept {
+    return connection_->remote();
+}
+
+inline asio::awaitable<std::error_code> mux_stream::send(byte_buffer message, bool end_stream) {
+    if (!state_) co_return errc::invalid_argument;
+    co_return co_await connection_->send(state_, std::move(message), end_stream);
+}
+
+inline asio::awaitable<std::error_code> mux_stream::receive(byte_buffer& message) {
+    if (!state_) co_return errc::invalid_argument;
+    co_return co_await connection_->receive(state_, message);
+}
+
+inline asio::awaitable<std::error_code> mux_stream::end() {
+    if (!state_) co_return errc::invalid_argument;
+    co_return co_await connection_->send(state_, {}, true, true);
+}
+
+inline void mux_stream::reset(errc code) {
+    if (state_) connection_->reset(state_, code);
+}
+
+inline asio::awaitable<void> mux_stream::watcher::until_finished() {
+    while (!state_->finished) {
+        const std::error_code cancelled = co_await state_->finished_signal.wait();
+        if (cancelled) co_return;
+    }
+}
+
+inline void mux_stream::watcher::reset(errc code) {
+    connection_->reset(state_, code);
+}
+
+inline void mux_stream::abandon() noexcept {
+    if (!state_) return;
+    if (!state_->finished) {
+        try {
+            // Everything sent: stop quietly, so the peer still reads what we sent.
+            if (state_->local_ended && state_->outbox.empty())
+                connection_->stop(state_);
+            else
+                connection_->reset(state_, errc::cancelled);
+        } catch (...) { // a failed allocation for the reset frame: the peer times out
+        }
+    }
+    state_.reset();
+    connection_.reset();
+}
+
+} // namespace hivemesh::net

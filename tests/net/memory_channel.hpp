@@ -1,0 +1,73 @@
+// An in-memory record channel pair for multiplexer tests: records written on one end are
+// read, in order, on the other. Everything runs on one io_context thread.
+#pragma once
+
+#include <hivemesh/net/mux.hpp>
+
+#include <asio/io_context.hpp>
+
+#include <deque>
+#include <memory>
+
+namespace hivemesh::test {
+
+class memory_channel final : public net::detail::record_channel {
+public:
+    struct shared_state {
+        explicit shared_state(const asio::any_io_executor& ex)
+            : wake{net::detail::wakeup(ex), net::detail::wakeup(ex)} {}
+        std::deque<byte_buffer> queues[2]; ///< records waiting to be read by side i
+        net::detail::wakeup wake[2];
+        bool closed = false;
+        std::size_t bytes_written[2] = {0, 0}; ///< by side i
+    };
+
+    memory_channel(std::shared_ptr<shared_state> state, int side)
+        : state_(std::move(state))
+        , side_(side) {}
+
+    /// Two connected ends.
+    static std::pair<std::unique_ptr<memory_channel>, std::unique_ptr<memory_channel>>
+    make_pair(const asio::any_io_executor& ex) {
+        auto state = std::make_shared<shared_state>(ex);
+        return {std::make_unique<memory_channel>(state, 0),
+                std::make_unique<memory_channel>(state, 1)};
+    }
+
+    asio::awaitable<std::error_code> write(std::span<const byte_view> records) override {
+        if (state_->closed) co_return make_error_code(errc::connection_closed);
+        for (const auto& record : records) {
+            state_->queues[1 - side_].emplace_back(record.begin(), record.end());
+            state_->bytes_written[side_] += record.size();
+        }
+        state_->wake[1 - side_].notify();
+        co_return std::error_code{};
+    }
+
+    asio::awaitable<std::error_code> read(byte_view& record) override {
+        auto& queue = state_->queues[side_];
+        while (queue.empty()) {
+            if (state_->closed) co_return make_error_code(errc::connection_closed);
+            if (auto ec = co_await state_->wake[side_].wait()) co_return ec;
+        }
+        current_ = std::move(queue.front());
+        queue.pop_front();
+        record = current_;
+        co_return std::error_code{};
+    }
+
+    void close() noexcept override {
+        state_->closed = true;
+        state_->wake[0].notify();
+        state_->wake[1].notify();
+    }
+
+    std::shared_ptr<shared_state> state() const { return state_; }
+
+private:
+    std::shared_ptr<shared_state> state_;
+    int side_;
+    byte_buffer current_;
+};
+
+} // namespace hivemesh::test

@@ -1,0 +1,626 @@
+#include "net/memory_channel.hpp"
+
+#include <hivemesh/core/random.hpp>
+#include <hivemesh/net/mux.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <numeric>
+#include <string>
+#include <vector>
+
+using namespace hivemesh;
+using net::mux_connection;
+using net::mux_stream;
+using test::memory_channel;
+
+namespace {
+
+crypto::peer_id fake_id(std::uint8_t fill) {
+    crypto::peer_id::bytes_type bytes{};
+    bytes.fill(std::byte{fill});
+    return crypto::peer_id(bytes);
+}
+
+byte_buffer pattern(std::size_t size, std::uint64_t seed) {
+    random_generator rng(seed);
+    byte_buffer out(size);
+    for (auto& b : out)
+        b = static_cast<std::byte>(rng() & 0xFF);
+    return out;
+}
+
+/// Spawns `coroutine` and rethrows anything it throws when the test inspects it.
+struct task_result {
+    bool done = false;
+    std::exception_ptr failure;
+};
+
+template <class Awaitable>
+std::shared_ptr<task_result> spawn(asio::io_context& io, Awaitable coroutine) {
+    auto result = std::make_shared<task_result>();
+    asio::co_spawn(io, std::move(coroutine), [result](std::exception_ptr e) {
+        result->done = true;
+        result->failure = e;
+    });
+    return result;
+}
+
+/// Runs handlers until `done()` or nothing is left to run; the real-time bound only
+/// keeps a broken test from hanging, it asserts nothing about speed.
+template <class Predicate>
+bool run_until(asio::io_context& io, Predicate done) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!done()) {
+        if (io.run_one_for(std::chrono::seconds(1)) == 0 && io.stopped()) io.restart();
+        if (std::chrono::steady_clock::now() > give_up) return false;
+    }
+    return true;
+}
+
+/// Two multiplexed connections over an in-memory channel.
+struct mux_pair {
+    asio::io_context io;
+    std::shared_ptr<memory_channel::shared_state> wire;
+    std::shared_ptr<mux_connection> a, b;
+    std::vector<mux_stream> incoming_a, incoming_b;
+    std::error_code closed_a, closed_b;
+    bool a_closed = false, b_closed = false;
+
+    explicit mux_pair(net::mux_options options_a = {}, net::mux_options options_b = {}) {
+        auto [end_a, end_b] = memory_channel::make_pair(io.get_executor());
+        wire = end_a->state();
+        a = std::make_shared<mux_connection>(io.get_executor(), std::move(end_a), fake_id(2), true,
+                                             options_a);
+        b = std::make_shared<mux_connection>(io.get_executor(), std::move(end_b), fake_id(1), false,
+                                             options_b);
+        a->start(
+            {}, [this](mux_stream s) { incoming_a.push_back(std::move(s)); },
+            [this](std::error_code ec) {
+                a_closed = true;
+                closed_a = ec;
+            });
+        b->start(
+            to_buffer(as_bytes(std::string_view("hello from b"))),
+            [this](mux_stream s) { incoming_b.push_back(std::move(s)); },
+            [this](std::error_code ec) {
+                b_closed = true;
+                closed_b = ec;
+            });
+    }
+    ~mux_pair() {
+        incoming_a.clear();
+        incoming_b.clear();
+        a->close();
+        b->close();
+        io.poll();
+    }
+    template <class Predicate>
+    void run(Predicate done) {
+        REQUIRE(run_until(io, done));
+    }
+    void run(const std::shared_ptr<task_result>& task) {
+        run([&] { return task->done; });
+        if (task->failure) std::rethrow_exception(task->failure);
+    }
+};
+
+} // namespace
+
+TEST_CASE("messages of every size cross a stream both ways", "[net][mux]") {
+    net::mux_options options;
+    options.initial_window = 256 << 10; // messages larger than the window must still flow
+    mux_pair pair(options, options);
+    const std::vector<std::size_t> sizes = {
+        0, 1, 100, 64 << 10, (64 << 10) + 1, 1 << 20, (3 << 20) + 7};
+    byte_buffer hello_seen;
+    auto client = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        mux_stream s;
+        {
+            const std::error_code ec = co_await pair.a->open(s);
+            REQUIRE_FALSE(ec);
+        }
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+            const std::error_code ec = co_await s.send(pattern(sizes[i], i), i + 1 == sizes.size());
+            REQUIRE_FALSE(ec);
+        }
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+            byte_buffer echo;
+            {
+                const std::error_code ec = co_await s.receive(echo);
+                REQUIRE_FALSE(ec);
+            }
+            CHECK(echo == pattern(sizes[i], i));
+        }
+        byte_buffer none;
+        const std::error_code end = co_await s.receive(none);
+        CHECK(end == asio::error::eof);
+        hello_seen = pair.a->remote_hello();
+    });
+    auto server = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        while (pair.incoming_b.empty()) {
+            asio::steady_timer t(pair.io, std::chrono::milliseconds(1));
+            co_await t.async_wait(asio::use_awaitable);
+        }
+        mux_stream s = std::move(pair.incoming_b.front());
+        CHECK(s.remote() == fake_id(1));
+        std::vector<byte_buffer> got;
+        while (true) {
+            byte_buffer m;
+            const auto ec = co_await s.receive(m);
+            if (ec == asio::error::eof) break;
+            REQUIRE_FALSE(ec);
+            got.push_back(std::move(m));
+        }
+        REQUIRE(got.size() == sizes.size());
+        for (std::size_t i = 0; i < got.size(); ++i) {
+            const std::error_code ec = co_await s.send(std::move(got[i]), i + 1 == got.size());
+            REQUIRE_FALSE(ec);
+        }
+    });
+    pair.run(client);
+    pair.run(server);
+    CHECK(as_string_view(hello_seen) == "hello from b");
+    CHECK(pair.a->stream_count() == 0);
+    CHECK(pair.b->stream_count() == 0);
+}
+
+TEST_CASE("more streams than the peer allows wait for a free slot", "[net][mux]") {
+    net::mux_options server_options;
+    server_options.max_streams = 16;
+    mux_pair pair({}, server_options);
+    constexpr int calls = 200;
+    int answered = 0;
+    std::size_t most_open = 0;
+    for (int i = 0; i < calls; ++i) {
+        spawn(pair.io, [&, i]() -> asio::awaitable<void> {
+            mux_stream s;
+            {
+                const std::error_code ec = co_await pair.a->open(s);
+                REQUIRE_FALSE(ec);
+            }
+            most_open = std::max(most_open, pair.a->stream_count());
+            {
+                const std::error_code ec =
+                    co_await s.send(pattern(10, static_cast<std::uint64_t>(i)), true);
+                REQUIRE_FALSE(ec);
+            }
+            byte_buffer reply;
+            {
+                const std::error_code ec = co_await s.receive(reply);
+                REQUIRE_FALSE(ec);
+            }
+            CHECK(reply == pattern(10, static_cast<std::uint64_t>(i)));
+            ++answered;
+        });
+    }
+    spawn(pair.io, [&]() -> asio::awaitable<void> {
+        int served = 0;
+        while (served < calls) {
+            if (pair.incoming_b.empty()) {
+                asio::steady_timer t(pair.io, std::chrono::microseconds(100));
+                co_await t.async_wait(asio::use_awaitable);
+                continue;
+            }
+            auto streams = std::move(pair.incoming_b);
+            pair.incoming_b.clear();
+            for (auto& s : streams) {
+                byte_buffer m;
+                {
+                    const std::error_code ec = co_await s.receive(m);
+                    REQUIRE_FALSE(ec);
+                }
+                {
+                    const std::error_code ec = co_await s.send(std::move(m), true);
+                    REQUIRE_FALSE(ec);
+                }
+                ++served;
+            }
+        }
+    });
+    pair.run([&] { return answered == calls; });
+    CHECK(most_open <= 16);
+    CHECK_FALSE(pair.a_closed);
+}
+
+TEST_CASE("a small message overtakes a large one on another stream", "[net][mux]") {
+    mux_pair pair;
+    std::vector<std::string> arrival;
+    auto big = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        mux_stream s;
+        {
+            const std::error_code ec = co_await pair.a->open(s);
+            REQUIRE_FALSE(ec);
+        }
+        {
+            const std::error_code ec = co_await s.send(pattern(8 << 20, 1), true);
+            REQUIRE_FALSE(ec);
+        }
+    });
+    auto small = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        mux_stream s;
+        {
+            const std::error_code ec = co_await pair.a->open(s);
+            REQUIRE_FALSE(ec);
+        }
+        {
+            const std::error_code ec = co_await s.send(pattern(100, 2), true);
+            REQUIRE_FALSE(ec);
+        }
+    });
+    auto reader = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        while (pair.incoming_b.size() < 2) {
+            asio::steady_timer t(pair.io, std::chrono::microseconds(100));
+            co_await t.async_wait(asio::use_awaitable);
+        }
+        auto read_one = [&](mux_stream& s) -> asio::awaitable<void> {
+            byte_buffer m;
+            {
+                const std::error_code ec = co_await s.receive(m);
+                REQUIRE_FALSE(ec);
+            }
+            arrival.push_back(m.size() == 100 ? "small" : "big");
+        };
+        auto s0 = std::move(pair.incoming_b[0]);
+        auto s1 = std::move(pair.incoming_b[1]);
+        spawn(pair.io, read_one(s0));
+        co_await read_one(s1);
+        while (arrival.size() < 2) {
+            asio::steady_timer t(pair.io, std::chrono::microseconds(100));
+            co_await t.async_wait(asio::use_awaitable);
+        }
+    });
+    pair.run(reader);
+    pair.run(big);
+    pair.run(small);
+    REQUIRE(arrival.size() == 2);
+    CHECK(arrival[0] == "small");
+}
+
+TEST_CASE("a receiver that stops reading stalls the sender at its window", "[net][mux]") {
+    net::mux_options receiver;
+    receiver.initial_window = 256 << 10;
+    mux_pair pair({}, receiver);
+    std::size_t sent = 0;
+    bool sender_done = false;
+    spawn(pair.io, [&]() -> asio::awaitable<void> {
+        mux_stream s;
+        {
+            const std::error_code ec = co_await pair.a->open(s);
+            REQUIRE_FALSE(ec);
+        }
+        for (int i = 0; i < 64; ++i) {
+            {
+                const std::error_code ec = co_await s.send(pattern(32 << 10, 9));
+                REQUIRE_FALSE(ec);
+            }
+            sent += 32 << 10;
+        }
+        sender_done = true;
+    });
+    // Let everything settle without reading: the sender must stop at the window.
+    pair.run([&] { return !pair.incoming_b.empty(); });
+    for (int i = 0; i < 1000; ++i)
+        pair.io.poll();
+    CHECK_FALSE(sender_done);
+    CHECK(sent <= (256 << 10) + (64 << 10));
+    CHECK(pair.wire->bytes_written[0] <= (256 << 10) + (80 << 10));
+    // Reading releases it.
+    std::size_t received = 0;
+    auto reader = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        auto& s = pair.incoming_b.front();
+        for (int i = 0; i < 64; ++i) {
+            byte_buffer m;
+            {
+                const std::error_code ec = co_await s.receive(m);
+                REQUIRE_FALSE(ec);
+            }
+            received += m.size();
+        }
+    });
+    pair.run(reader);
+    CHECK(received == 64u * (32 << 10));
+    pair.run([&] { return sender_done; });
+}
+
+TEST_CASE("a reset reaches the other side with its code", "[net][mux]") {
+    mux_pair pair;
+    std::error_code seen;
+    auto client = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        mux_stream s;
+        {
+            const std::error_code ec = co_await pair.a->open(s);
+            REQUIRE_FALSE(ec);
+        }
+        {
+            const std::error_code ec = co_await s.send(pattern(10, 1));
+            REQUIRE_FALSE(ec);
+        }
+        byte_buffer m;
+        seen = co_await s.receive(m);
+    });
+    pair.run([&] { return !pair.incoming_b.empty(); });
+    pair.incoming_b.front().reset(errc::refused);
+    pair.run(client);
+    CHECK(seen == errc::refused);
+    CHECK(pair.a->stream_count() == 0);
+    CHECK(pair.b->stream_count() == 0);
+}
+
+TEST_CASE("dropping a stream resets it, unless it already said everything", "[net][mux]") {
+    mux_pair pair;
+    std::error_code first, second;
+    byte_buffer kept;
+    auto client = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        mux_stream s1, s2;
+        {
+            const std::error_code ec = co_await pair.a->open(s1);
+            REQUIRE_FALSE(ec);
+        }
+        {
+            const std::error_code ec = co_await s1.send(pattern(1, 1));
+            REQUIRE_FALSE(ec);
+        }
+        {
+            const std::error_code ec = co_await pair.a->open(s2);
+            REQUIRE_FALSE(ec);
+        }
+        {
+            const std::error_code ec = co_await s2.send(pattern(1, 2));
+            REQUIRE_FALSE(ec);
+        }
+        byte_buffer m;
+        first = co_await s1.receive(m);
+        second = co_await s2.receive(kept);
+        if (!second) second = co_await s2.receive(m);
+    });
+    pair.run([&] { return pair.incoming_b.size() == 2; });
+    // Stream 1: dropped with nothing said -> the client sees cancelled.
+    pair.incoming_b[0] = mux_stream();
+    // Stream 2: a final message with end_stream, then dropped -> the client keeps it.
+    auto server = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        mux_stream s = std::move(pair.incoming_b[1]);
+        {
+            const std::error_code ec = co_await s.send(pattern(5, 5), true);
+            REQUIRE_FALSE(ec);
+        }
+    });
+    pair.run(server);
+    pair.run(client);
+    CHECK(first == errc::cancelled);
+    CHECK(kept == pattern(5, 5));
+    CHECK(second == asio::error::eof);
+    pair.run([&] { return pair.a->stream_count() == 0 && pair.b->stream_count() == 0; });
+}
+
+TEST_CASE("a message over the peer's limit is refused before sending", "[net][mux]") {
+    net::mux_options server_options;
+    server_options.max_message_size = 1000;
+    mux_pair pair({}, server_options);
+    std::error_code too_big, fits;
+    auto client = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        // Wait for the server's settings, which carry its limit.
+        while (pair.a->remote_hello().empty()) {
+            asio::steady_timer t(pair.io, std::chrono::microseconds(100));
+            co_await t.async_wait(asio::use_awaitable);
+        }
+        mux_stream s;
+        {
+            const std::error_code ec = co_await pair.a->open(s);
+            REQUIRE_FALSE(ec);
+        }
+        too_big = co_await s.send(pattern(1001, 1));
+        fits = co_await s.send(pattern(1000, 1));
+    });
+    pair.run(client);
+    CHECK(too_big == errc::message_too_large);
+    CHECK_FALSE(fits);
+}
+
+TEST_CASE("closing a connection fails its streams and pending opens", "[net][mux]") {
+    net::mux_options server_options;
+    server_options.max_streams = 1;
+    mux_pair pair({}, server_options);
+    std::error_code read_error, open_error;
+    auto first = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        mux_stream s;
+        {
+            const std::error_code ec = co_await pair.a->open(s);
+            REQUIRE_FALSE(ec);
+        }
+        {
+            const std::error_code ec = co_await s.send(pattern(1, 1));
+            REQUIRE_FALSE(ec);
+        }
+        byte_buffer m;
+        read_error = co_await s.receive(m);
+    });
+    pair.run([&] { return !pair.incoming_b.empty() && !pair.a->remote_hello().empty(); });
+    auto second = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        mux_stream s;
+        open_error = co_await pair.a->open(s); // waits: the server allows one stream
+    });
+    for (int i = 0; i < 100; ++i)
+        pair.io.poll();
+    CHECK_FALSE(second->done);
+    pair.a->close();
+    pair.run(first);
+    pair.run(second);
+    CHECK(read_error == errc::connection_closed);
+    CHECK(open_error == errc::connection_closed);
+    pair.run([&] { return pair.b_closed; });
+    CHECK(pair.closed_b == errc::connection_closed);
+}
+
+// ---- a hand-written peer that breaks the protocol -----------------------------------
+
+namespace {
+
+struct raw_peer {
+    asio::io_context io;
+    std::unique_ptr<memory_channel> raw;
+    std::shared_ptr<mux_connection> victim;
+    std::vector<mux_stream> incoming;
+    bool closed = false;
+    std::error_code reason;
+
+    explicit raw_peer(net::mux_options options = {}) {
+        auto [end_raw, end_mux] = memory_channel::make_pair(io.get_executor());
+        raw = std::move(end_raw);
+        victim = std::make_shared<mux_connection>(io.get_executor(), std::move(end_mux), fake_id(9),
+                                                  false, options);
+        victim->start(
+            {}, [this](mux_stream s) { incoming.push_back(std::move(s)); },
+            [this](std::error_code ec) {
+                closed = true;
+                reason = ec;
+            });
+    }
+    ~raw_peer() {
+        incoming.clear();
+        victim->close();
+        io.poll();
+    }
+    void send(byte_buffer frame) {
+        auto task = spawn(io, [this, frame = std::move(frame)]() -> asio::awaitable<void> {
+            const byte_view view = frame;
+            {
+                const std::error_code ec = co_await raw->write(std::span(&view, 1));
+                REQUIRE_FALSE(ec);
+            }
+        });
+        REQUIRE(run_until(io, [&] { return task->done; }));
+        for (int i = 0; i < 20; ++i)
+            io.poll();
+    }
+    /// Frames the victim sent, decoded (payloads copied).
+    std::vector<std::pair<net::frame, byte_buffer>> received() {
+        std::vector<std::pair<net::frame, byte_buffer>> out;
+        auto& queue = raw->state()->queues[0];
+        while (!queue.empty()) {
+            net::frame f;
+            byte_buffer record = std::move(queue.front());
+            queue.pop_front();
+            REQUIRE_FALSE(net::decode_frame(record, f, 1 << 20));
+            byte_buffer payload(f.payload.begin(), f.payload.end());
+            out.emplace_back(std::move(f), std::move(payload));
+        }
+        return out;
+    }
+};
+
+byte_buffer data_frame(std::uint32_t stream, std::uint8_t flags, std::size_t size) {
+    byte_buffer out;
+    binary_writer w(out);
+    net::write_data_header(w, stream, flags);
+    w.write_bytes(pattern(size, stream));
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("hostile frames close the connection with a clear error", "[net][mux]") {
+    constexpr auto open = net::frame_flags::open;
+    constexpr auto end_message = net::frame_flags::end_message;
+    struct case_t {
+        const char* name;
+        std::vector<byte_buffer> frames;
+        errc expected = errc::protocol_violation;
+    };
+    auto bytes = [](std::initializer_list<int> values) {
+        byte_buffer out;
+        for (int v : values)
+            out.push_back(static_cast<std::byte>(v));
+        return out;
+    };
+    const std::vector<case_t> cases = {
+        {"empty record", {byte_buffer{}}},
+        {"unknown type", {bytes({99, 1, 0, 0, 0})}},
+        {"data on stream 0", {data_frame(0, open, 1)}},
+        {"unknown flags", {data_frame(1, 0x80, 1)}},
+        {"stream of the wrong parity", {data_frame(2, open, 1)}},
+        {"duplicate open", {data_frame(1, open, 1), data_frame(1, open, 1)}},
+        {"window increment of zero", {data_frame(1, open, 1), bytes({3, 1, 0, 0, 0, 0, 0, 0, 0})}},
+        {"truncated window frame", {data_frame(1, open, 1), bytes({3, 1, 0, 0, 0, 1})}},
+        {"data after end of stream",
+         {data_frame(1, open | net::frame_flags::end_message | net::frame_flags::end_stream, 1),
+          data_frame(1, end_message, 1)}},
+        {"frame over the payload limit",
+         {data_frame(1, open, (64 << 10) + 1)},
+         errc::message_too_large},
+        {"second settings",
+         {[] {
+              byte_buffer f;
+              binary_writer w(f);
+              net::write_settings_frame(w, {1024, 4, 1024, {}});
+              return f;
+          }(),
+          [] {
+              byte_buffer f;
+              binary_writer w(f);
+              net::write_settings_frame(w, {1024, 4, 1024, {}});
+              return f;
+          }()}},
+    };
+    for (const auto& c : cases) {
+        INFO(c.name);
+        raw_peer peer;
+        for (const auto& f : c.frames)
+            peer.send(f);
+        CHECK(peer.closed);
+        CHECK(peer.reason == c.expected);
+    }
+}
+
+TEST_CASE("a peer overrunning its window is cut off", "[net][mux]") {
+    net::mux_options options;
+    options.initial_window = 128 << 10;
+    raw_peer peer(options);
+    constexpr auto open = net::frame_flags::open;
+    constexpr auto end_message = net::frame_flags::end_message;
+    // Bytes of a message still being assembled are credited at once while nothing is
+    // queued ahead of it, so a message larger than the window may keep coming.
+    peer.send(data_frame(1, open, 64 << 10));
+    peer.send(data_frame(1, 0, 64 << 10));
+    peer.send(data_frame(1, 0, 1));
+    CHECK_FALSE(peer.closed);
+    // Complete messages nobody reads hold their credit: the window is a hard limit.
+    peer.send(data_frame(3, open | end_message, 64 << 10));
+    peer.send(data_frame(3, end_message, 64 << 10));
+    peer.send(data_frame(3, end_message, 1)); // nobody reads stream 3: over its window
+    CHECK(peer.closed);
+    CHECK(peer.reason == errc::protocol_violation);
+}
+
+TEST_CASE("streams beyond the limit are refused, and oversized messages reset", "[net][mux]") {
+    net::mux_options options;
+    options.max_streams = 2;
+    options.max_message_size = 1000;
+    raw_peer peer(options);
+    constexpr auto open = net::frame_flags::open;
+    constexpr auto end_message = net::frame_flags::end_message;
+    peer.send(data_frame(1, open, 10));
+    peer.send(data_frame(3, open, 10));
+    peer.send(data_frame(5, open, 10)); // third stream: refused
+    peer.send(data_frame(1, 0, 991));   // 1001 bytes in one message: reset
+    CHECK_FALSE(peer.closed);
+    CHECK(peer.incoming.size() == 2);
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> resets;
+    for (auto& [f, payload] : peer.received())
+        if (f.type == net::frame_type::reset) resets.emplace_back(f.stream, f.value);
+    REQUIRE(resets.size() == 2);
+    CHECK(resets[0] ==
+          std::pair<std::uint32_t, std::uint32_t>{5, static_cast<std::uint32_t>(errc::refused)});
+    CHECK(resets[1] == std::pair<std::uint32_t, std::uint32_t>{
+                           1, static_cast<std::uint32_t>(errc::message_too_large)});
+    // Late data for the reset stream, or any stream id without the open flag, is dropped.
+    peer.send(data_frame(1, end_message, 5));
+    peer.send(data_frame(7, end_message, 5));
+    CHECK_FALSE(peer.closed);
+    CHECK(peer.incoming.size() == 2);
+}
