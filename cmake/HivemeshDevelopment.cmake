@@ -11,6 +11,11 @@ function(hivemesh_developer_target target)
     target_compile_options(${target} PRIVATE -fsanitize=${HIVEMESH_SANITIZE}
                            -fno-sanitize-recover=all -fno-omit-frame-pointer)
     target_link_options(${target} PRIVATE -fsanitize=${HIVEMESH_SANITIZE})
+    # clang 14's function sanitizer cannot assemble coroutine frames ("Cannot represent a
+    # difference across sections").
+    if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+      target_compile_options(${target} PRIVATE -fno-sanitize=function)
+    endif()
   endif()
 endfunction()
 

@@ -1,7 +1,10 @@
-// The whole public face of hivemesh. Optional tensor backends are included explicitly:
-// <hivemesh/tensor/eigen.hpp>, <hivemesh/tensor/torch.hpp>.
+// The whole public face of hivemesh. Optional parts are included explicitly: the tensor
+// backends <hivemesh/tensor/eigen.hpp>, <hivemesh/tensor/torch.hpp>, and the simulated
+// network <hivemesh/net/sim.hpp>.
 #pragma once
 
 #include "hivemesh/compression.hpp"
 #include "hivemesh/core.hpp"
+#include "hivemesh/crypto.hpp"
+#include "hivemesh/net.hpp"
 #include "hivemesh/tensor.hpp"

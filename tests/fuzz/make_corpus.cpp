@@ -1,43 +1,186 @@
-// Writes valid seed inputs for the fuzz targets: every codec at a few sizes, and zstd
-// payloads stored and compressed. Usage: make_corpus <decompress dir> <decompress_bytes dir>
+// Writes valid seed inputs for every fuzz target into <directory>/<target>/: every codec at a
+// few sizes, zstd payloads, sealed record streams, handshake messages, mux frames, RPC
+// messages and peer addresses.
+// Usage: make_corpus <directory>
 #include <hivemesh/compression.hpp>
 #include <hivemesh/core/random.hpp>
+#include <hivemesh/crypto/secure_channel.hpp>
+#include <hivemesh/net/address.hpp>
+#include <hivemesh/net/frame.hpp>
+#include <hivemesh/net/rpc_wire.hpp>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 
 namespace {
 
 void write_file(const std::filesystem::path& path, const hivemesh::byte_buffer& bytes) {
     std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+}
+
+// Keys and seeds the crypto fuzz targets use (see fuzz_secure_record.cpp, fuzz_handshake.cpp).
+constexpr std::uint8_t record_key_byte = 0x5A;
+constexpr std::size_t record_max_size = 1 << 16;
+constexpr std::uint8_t dialer_seed = 0x01, listener_seed = 0x02;
+constexpr std::uint8_t dialer_ephemeral_seed = 0x11, listener_ephemeral_seed = 0x22;
+constexpr std::uint8_t swarm_key_byte = 0x33;
+
+std::array<std::byte, 32> filled(std::uint8_t value) {
+    std::array<std::byte, 32> bytes;
+    bytes.fill(std::byte{value});
+    return bytes;
+}
+
+hivemesh::byte_buffer with_selector(std::uint8_t selector, const hivemesh::byte_buffer& body) {
+    hivemesh::byte_buffer out{std::byte{selector}};
+    out.insert(out.end(), body.begin(), body.end());
+    return out;
+}
+
+// Streams of records in each mode: with and without the close record, with key updates.
+void write_record_corpus(const std::filesystem::path& dir) {
+    using namespace hivemesh::crypto;
+    const symmetric_key key(filled(record_key_byte));
+    for (std::uint8_t mode = 0; mode < 3; ++mode) {
+        const auto suite = static_cast<cipher>(mode);
+        if (suite == cipher::aes256_gcm && !aes256_gcm_available()) continue;
+        for (const bool closed : {false, true}) {
+            secure_options options;
+            options.max_record_size = record_max_size;
+            options.rekey_interval_records = 2;
+            record_sealer sealer(suite, key, options);
+            hivemesh::byte_buffer stream{std::byte{mode}};
+            for (std::size_t n : {0, 1, 100, 5, 300})
+                hivemesh::throw_if_error(
+                    sealer.append(
+                        hivemesh::byte_buffer(n, std::byte{static_cast<unsigned char>(n)}), stream),
+                    "make_corpus: seal");
+            if (closed) hivemesh::throw_if_error(sealer.append_close(stream), "make_corpus: close");
+            write_file(dir /
+                           ("records_" + std::string(to_string(suite)) + (closed ? "_closed" : "")),
+                       stream);
+        }
+    }
+}
+
+// Valid messages 1, 2 and 3 between the fixed peers, for every selector's options.
+void write_handshake_corpus(const std::filesystem::path& dir) {
+    using namespace hivemesh::crypto;
+    const auto dialer_identity = identity::from_seed(filled(dialer_seed));
+    const auto listener_identity = identity::from_seed(filled(listener_seed));
+    for (std::uint8_t flags : {0, 4, 8, 12}) {
+        secure_options dialer_options, listener_options;
+        dialer_options.plaintext = listener_options.plaintext = (flags & 4) != 0;
+        if (flags & 8)
+            dialer_options.swarm_key = listener_options.swarm_key = filled(swarm_key_byte);
+        dialer_options.ephemeral_seed_for_testing = filled(dialer_ephemeral_seed);
+        listener_options.ephemeral_seed_for_testing = filled(listener_ephemeral_seed);
+        handshake dialer(dialer_identity, role::dialer, dialer_options);
+        handshake listener(listener_identity, role::listener, listener_options);
+        hivemesh::byte_buffer hello, reply, finish, none;
+        if (dialer.start(hello) || listener.on_message(hello, reply) ||
+            dialer.on_message(reply, finish) || listener.on_message(finish, none))
+            throw std::runtime_error("make_corpus: the fixed handshake failed");
+        const auto suffix = "_" + std::to_string(flags);
+        write_file(dir / ("hello" + suffix), with_selector(flags, hello));
+        write_file(dir / ("reply" + suffix),
+                   with_selector(static_cast<std::uint8_t>(flags | 1), reply));
+        write_file(dir / ("finish" + suffix),
+                   with_selector(static_cast<std::uint8_t>(flags | 2), finish));
+    }
+}
+
+// Valid frames of every type, for fuzz_mux_frame.
+void write_frame_corpus(const std::filesystem::path& dir) {
+    using namespace hivemesh::net;
+    const auto frame = [](auto&& write) {
+        hivemesh::byte_buffer out;
+        hivemesh::binary_writer w(out);
+        write(w);
+        return out;
+    };
+    write_file(dir / "settings", frame([](auto& w) {
+                   write_settings_frame(w, {1 << 20, 128, 1 << 24, hivemesh::byte_buffer(7)});
+               }));
+    write_file(dir / "data", frame([](auto& w) {
+                   write_data_header(w, 1, frame_flags::open | frame_flags::end_message);
+                   w.write_bytes(hivemesh::byte_buffer(100, std::byte{9}));
+               }));
+    write_file(dir / "window", frame([](auto& w) { write_window_frame(w, 3, 65536); }));
+    write_file(dir / "reset", frame([](auto& w) { write_reset_frame(w, 5, 20); }));
+    write_file(dir / "ping", frame([](auto& w) { write_ping_frame(w, frame_type::ping, 42); }));
+    write_file(dir / "goaway", frame([](auto& w) { write_frame_header(w, frame_type::goaway, 0); }));
+}
+
+// Call headers and replies, for fuzz_rpc_message.
+void write_rpc_corpus(const std::filesystem::path& dir) {
+    using namespace hivemesh::net;
+    const hivemesh::byte_buffer body(40, std::byte{3});
+    write_file(dir / "unary", encode_call_header(call_kind::unary, "dht.find", 5000, body));
+    write_file(dir / "streaming", encode_call_header(call_kind::streaming, "averaging/join", 60000));
+    write_file(dir / "reply", encode_reply(reply_tag::reply, body));
+    write_file(dir / "data", encode_reply(reply_tag::data, body));
+    write_file(dir / "status",
+               encode_status(make_error_code(hivemesh::errc::refused), "no such method"));
+}
+
+// Addresses of every protocol, printable and binary, for fuzz_address.
+void write_address_corpus(const std::filesystem::path& dir) {
+    using namespace hivemesh::net;
+    const auto id = hivemesh::crypto::identity::from_seed(filled(dialer_seed)).id();
+    const std::string texts[] = {"/ip4/127.0.0.1/tcp/4242/p2p/" + id.to_string(),
+                                 "/ip6/::1/tcp/1/p2p/" + id.to_string(), "/dns/localhost/tcp/80",
+                                 "/sim/17/port/9/p2p/" + id.to_string()};
+    int n = 0;
+    for (const auto& text : texts) {
+        write_file(dir / ("text_" + std::to_string(n)), hivemesh::to_buffer(hivemesh::as_bytes(text)));
+        hivemesh::byte_buffer binary;
+        hivemesh::binary_writer w(binary);
+        peer_address::from_string(text).write(w);
+        write_file(dir / ("binary_" + std::to_string(n++)), binary);
+    }
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
     using namespace hivemesh::compression;
-    if (argc != 3) {
-        std::cerr << "usage: make_corpus <decompress dir> <decompress_bytes dir>\n";
+    if (argc != 2) {
+        std::cerr << "usage: make_corpus <directory>   (writes <directory>/<fuzz target>/...)\n";
         return 2;
     }
-    const std::filesystem::path tensors = argv[1], bytes = argv[2];
-    std::filesystem::create_directories(tensors);
-    std::filesystem::create_directories(bytes);
+    const std::filesystem::path root = argv[1];
+    const auto dir = [&](const char* target) {
+        std::filesystem::create_directories(root / target);
+        return root / target;
+    };
+    const auto tensors = dir("decompress"), bytes = dir("decompress_bytes");
     hivemesh::random_generator rng(1);
     for (kind k : all_kinds)
         for (std::size_t n : {0, 1, 65, 300}) {
             std::vector<float> values(n);
-            for (auto& v : values) v = static_cast<float>(rng.normal());
+            for (auto& v : values)
+                v = static_cast<float>(rng.normal());
             const options opts{.block_size = 64, .row_length = n % 5 == 0 && n ? 5u : 0u};
-            write_file(tensors / (std::string(to_string(k)) + "_" + std::to_string(n)), compress(k, values, opts));
+            write_file(tensors / (std::string(to_string(k)) + "_" + std::to_string(n)),
+                       compress(k, values, opts));
         }
     for (std::size_t n : {0, 100, 2000}) {
         hivemesh::byte_buffer payload(n);
-        for (std::size_t i = 0; i < n; ++i) payload[i] = static_cast<std::byte>(i % 13);
+        for (std::size_t i = 0; i < n; ++i)
+            payload[i] = static_cast<std::byte>(i % 13);
         write_file(bytes / ("payload_" + std::to_string(n)), compress_bytes(payload));
     }
+    write_record_corpus(dir("secure_record"));
+    write_handshake_corpus(dir("handshake"));
+    write_frame_corpus(dir("mux_frame"));
+    write_rpc_corpus(dir("rpc_message"));
+    write_address_corpus(dir("address"));
     return 0;
 }

@@ -56,6 +56,14 @@ struct mux_options {
     std::size_t max_batch_bytes = 256u << 10;
 };
 
+/// Counters of one connection, for monitoring, tests and benchmarks.
+struct mux_statistics {
+    std::uint64_t payload_sent = 0;     ///< message bytes written
+    std::uint64_t payload_received = 0; ///< message bytes read from the peer
+    std::uint64_t streams_opened = 0;   ///< by either side
+    std::size_t peak_buffered = 0;      ///< most payload bytes held for the application at once
+};
+
 namespace detail {
 
 /// Records in, records out: what the multiplexer needs from the secure session.
@@ -262,6 +270,7 @@ public:
         streams_.emplace(id, state);
         ++local_streams_;
         ++activity_;
+        ++stats_.streams_opened;
         out = mux_stream(shared_from_this(), std::move(state));
         co_return std::error_code{};
     }
@@ -279,6 +288,7 @@ public:
     /// that stayed idle from one that was busy in between.
     std::uint64_t activity() const noexcept { return activity_; }
     const asio::any_io_executor& get_executor() const noexcept { return ex_; }
+    const mux_statistics& statistics() const noexcept { return stats_; }
 
 private:
     friend class mux_stream;
@@ -389,6 +399,7 @@ private:
         frames.push_back(std::move(frame));
         out.offset += chunk;
         s->send_window -= static_cast<std::int64_t>(chunk);
+        stats_.payload_sent += chunk;
         if (last) {
             const bool ended = out.end_stream;
             s->outbox.pop_front();
@@ -507,6 +518,7 @@ private:
             streams_.emplace(f.stream, s);
             ++remote_streams_;
             ++activity_;
+            ++stats_.streams_opened;
             if (on_incoming_) on_incoming_(mux_stream(shared_from_this(), s));
         } else if (f.flags & frame_flags::open) {
             return errc::protocol_violation;
@@ -521,6 +533,8 @@ private:
         }
         s->partial.insert(s->partial.end(), f.payload.begin(), f.payload.end());
         buffered_ += f.payload.size();
+        stats_.payload_received += f.payload.size();
+        stats_.peak_buffered = std::max(stats_.peak_buffered, buffered_);
         if (f.flags & frame_flags::end_message) {
             s->inbox_bytes += s->partial.size();
             s->inbox.push_back(std::move(s->partial));
@@ -685,6 +699,7 @@ private:
     std::uint32_t remote_streams_ = 0;
     std::size_t buffered_ = 0; ///< payload bytes held for the application, all streams
     std::uint64_t activity_ = 0;
+    mux_statistics stats_;
 
     std::deque<byte_buffer> control_;
     std::deque<stream_ptr> ready_;

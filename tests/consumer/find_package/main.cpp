@@ -2,7 +2,7 @@
 // (find_package(hivemesh CONFIG)) and, with the flags of `pkg-config --cflags --libs
 // hivemesh`, by the pkg-config test. Prints "hivemesh consumer: ok" and returns 0 when every
 // check passes.
-#include <hivemesh/core.hpp>
+#include <hivemesh/hivemesh.hpp>
 
 // hivemesh::hivemesh (or hivemesh.pc) must bring its dependencies' headers and libraries.
 #include <asio/version.hpp>
@@ -17,6 +17,11 @@
 #endif
 #endif
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -36,6 +41,32 @@ void check(bool ok, const char* what) {
         std::fprintf(stderr, "FAILED: %s\n", what);
         ++failures;
     }
+}
+
+/// One unary call from a node to itself over loopback TCP: the installed headers, the
+/// coroutine support the package turns on, and libsodium all working together.
+bool rpc_to_self() {
+    using namespace hivemesh;
+    asio::io_context io;
+    net::tcp::transport transport(io.get_executor());
+    net::node<net::tcp::transport> node(transport, crypto::identity::generate());
+    auto listener = transport.listen({asio::ip::address_v4::loopback(), 0});
+    const net::node<net::tcp::transport>::peer self{node.id(), listener.local_endpoint()};
+    node.serve(std::move(listener));
+    node.add_handler("echo", [](const net::call_context&, byte_view request,
+                                byte_buffer& response) -> asio::awaitable<std::error_code> {
+        response.assign(request.begin(), request.end());
+        co_return std::error_code{};
+    });
+    bool ok = false;
+    node.async_call(self, "echo", to_buffer(as_bytes(std::string_view("ping"))),
+                    std::chrono::seconds(10), [&](std::error_code ec, byte_buffer response) {
+                        ok = !ec && as_string_view(response) == "ping";
+                        node.close();
+                        io.stop();
+                    });
+    io.run_for(std::chrono::seconds(20));
+    return ok;
 }
 
 } // namespace
@@ -67,6 +98,7 @@ int main() {
     check(XXH64("", 0, 0) == 0xEF46DB3751D8E999ULL, "xxHash links");
     check(ZSTD_versionNumber() >= 10400, "zstd links");
     check(ASIO_VERSION >= 101800, "Asio is at least 1.18");
+    check(rpc_to_self(), "an RPC over loopback TCP through the installed headers");
 
 #if defined(HIVEMESH_CONSUMER_EIGEN)
     // hivemesh::eigen brings Eigen's include directories.

@@ -1,0 +1,644 @@
+// An RPC node: one identity on one transport. It listens, dials peers by PeerId and
+// endpoint (one secure, multiplexed connection per peer, reused and closed when idle),
+// serves registered handlers and makes unary and streaming calls with deadlines.
+//
+// Threading: the node, its connections and its handlers run on the transport's executor,
+// which must not run two of them at once: run its io_context on one thread, or give the
+// transport a strand (`tcp::transport(asio::make_strand(io))`). An internal strand would
+// cost every handler a heap allocation inside Asio (measured: half the instructions of a
+// small call). Handlers must not block: post CPU-heavy work elsewhere and co_await it.
+#pragma once
+
+#include "hivemesh/core/clock.hpp"
+#include "hivemesh/core/log.hpp"
+#include "hivemesh/crypto/identity.hpp"
+#include "hivemesh/net/mux.hpp"
+#include "hivemesh/net/rpc_wire.hpp"
+#include "hivemesh/net/secure_stream.hpp"
+
+#include <asio/async_result.hpp>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace hivemesh::net {
+
+using namespace std::chrono_literals;
+
+struct node_options {
+    crypto::secure_options security;
+    mux_options mux;
+    /// Connect plus secure handshake, for dialing and for accepting.
+    duration dial_timeout = 10s;
+    /// A connection with no stream for this long (up to twice as long) is closed.
+    duration idle_timeout = 60s;
+    /// Time an incoming stream has to deliver its call header.
+    duration header_timeout = 10s;
+    /// Upper bound on any handler's run time, whatever the caller asks.
+    duration max_handler_time = 600s;
+};
+
+/// Who to call: the PeerId the connection must prove, and where to dial if needed.
+template <class Endpoint>
+struct peer_endpoint {
+    crypto::peer_id id;
+    Endpoint endpoint;
+};
+
+/// A unary call's outcome: the error, or the response.
+using call_result = std::pair<std::error_code, byte_buffer>;
+
+/// What a handler knows about the call it serves.
+struct call_context {
+    crypto::peer_id remote;
+    std::string method;
+};
+
+class call_stream;
+
+/// `co_return` an error code; on success `response` is the reply.
+using unary_handler = std::function<asio::awaitable<std::error_code>(
+    const call_context&, byte_view request, byte_buffer& response)>;
+/// Reads and writes messages on `stream`; the returned code is the call's final status.
+using stream_handler =
+    std::function<asio::awaitable<std::error_code>(const call_context&, call_stream& stream)>;
+
+/// One side of a streaming call. The caller's side: write(), close_write(), read() until
+/// eof (the callee's final status is then in status()). The callee's side: read() until
+/// eof (the caller closed its side), write().
+class call_stream {
+public:
+    call_stream() = default;
+    call_stream(mux_stream stream, bool caller) noexcept
+        : stream_(std::move(stream))
+        , caller_(caller) {}
+
+    /// Sends one message. Errors as mux_stream::send.
+    asio::awaitable<std::error_code> write(byte_buffer message) {
+        if (!caller_) message = encode_reply(reply_tag::data, message);
+        co_return co_await stream_.send(std::move(message));
+    }
+
+    /// Caller only: no more messages from this side.
+    asio::awaitable<std::error_code> close_write() { co_return co_await stream_.end(); }
+
+    /// The next message; asio::error::eof at the end. For the caller, the callee's error
+    /// status is returned as the error (and kept in status()).
+    asio::awaitable<std::error_code> read(byte_buffer& message) {
+        if (!caller_) co_return co_await stream_.receive(message);
+        while (true) {
+            if (ended_) co_return status_ ? status_ : std::error_code(asio::error::eof);
+            byte_buffer raw;
+            if (auto ec = co_await stream_.receive(raw)) {
+                if (ec == asio::error::eof) { // ended without a reply or status
+                    ended_ = true;
+                    status_ = errc::protocol_violation;
+                }
+                co_return ec == asio::error::eof ? status_ : ec;
+            }
+            reply_message reply;
+            if (auto ec = decode_reply(raw, reply)) {
+                stream_.reset(errc::protocol_violation);
+                co_return ec;
+            }
+            if (reply.tag == reply_tag::status) {
+                ended_ = true;
+                status_ = reply.status;
+                co_return status_;
+            }
+            if (reply.tag == reply_tag::reply) ended_ = true;
+            if (reply.tag == reply_tag::reply && reply.body.empty()) continue;
+            message.assign(reply.body.begin(), reply.body.end());
+            co_return std::error_code{};
+        }
+    }
+
+    /// The callee's final status once read() returned eof or an error status.
+    std::error_code status() const noexcept { return status_; }
+    const crypto::peer_id& remote() const noexcept { return stream_.remote(); }
+    /// Aborts the call; the other side sees `code`.
+    void cancel(errc code = errc::cancelled) { stream_.reset(code); }
+    mux_stream& stream() noexcept { return stream_; }
+
+private:
+    mux_stream stream_;
+    bool caller_ = false;
+    bool ended_ = false;
+    std::error_code status_;
+};
+
+namespace detail {
+
+/// The secure session as the multiplexer's record channel.
+template <class Stream>
+class secure_record_channel final : public record_channel {
+public:
+    explicit secure_record_channel(secure_stream<Stream> stream)
+        : stream_(std::move(stream)) {}
+    asio::awaitable<std::error_code> write(std::span<const byte_view> records) override {
+        co_return co_await stream_.write(records);
+    }
+    asio::awaitable<std::error_code> read(byte_view& record) override {
+        co_return co_await stream_.read(record);
+    }
+    void close() noexcept override { stream_.close(); }
+
+private:
+    secure_stream<Stream> stream_;
+};
+
+/// Maps transport errors to the RPC layer's codes.
+inline std::error_code to_rpc_error(std::error_code ec) {
+    if (!ec || ec.category() == hivemesh_category()) return ec;
+    if (ec == asio::error::connection_refused) return errc::refused;
+    if (ec == asio::error::timed_out) return errc::timeout;
+    if (ec == asio::error::operation_aborted) return errc::cancelled;
+    if (ec == asio::error::host_unreachable || ec == asio::error::network_unreachable ||
+        ec == asio::error::host_not_found)
+        return errc::unreachable;
+    return errc::connection_closed;
+}
+
+inline std::uint32_t to_timeout_ms(duration d) {
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d).count();
+    return static_cast<std::uint32_t>(std::clamp<std::int64_t>(ms, 1, 0xFFFFFFFF));
+}
+
+} // namespace detail
+
+/// An RPC node over `Transport` (net::tcp::transport or net::sim::transport).
+template <class Transport>
+class node {
+public:
+    using endpoint_type = typename Transport::endpoint_type;
+    using stream_type = typename Transport::stream_type;
+    using listener_type = typename Transport::listener_type;
+    using timer_type = typename Transport::timer_type;
+    using peer = peer_endpoint<endpoint_type>;
+
+    node(Transport& transport, crypto::identity identity, node_options options = {})
+        : state_(std::make_shared<state>(transport, std::move(identity), std::move(options))) {
+        asio::co_spawn(state_->executor, sweep_idle(state_), asio::detached);
+    }
+    node(const node&) = delete;
+    node& operator=(const node&) = delete;
+    ~node() { close(); }
+
+    const crypto::peer_id& id() const noexcept { return state_->identity.id(); }
+    const crypto::identity& identity() const noexcept { return state_->identity; }
+    asio::any_io_executor get_executor() const { return state_->executor; }
+
+    /// Starts accepting on `listener` (from the transport's listen()).
+    void serve(listener_type listener) {
+        auto shared = std::make_shared<listener_type>(std::move(listener));
+        state_->listeners.push_back(shared);
+        asio::co_spawn(state_->executor, accept_loop(state_, shared), asio::detached);
+    }
+
+    /// Registers a handler; a name registered again replaces the old handler.
+    /// Throws std::invalid_argument for a malformed method name.
+    void add_handler(const std::string& method, unary_handler handler) {
+        check_method(method);
+        state_->unary_handlers[method] = std::move(handler);
+    }
+    void add_stream_handler(const std::string& method, stream_handler handler) {
+        check_method(method);
+        state_->stream_handlers[method] = std::move(handler);
+    }
+
+    /// Calls `method` on `target` with `request`, within `timeout`.
+    /// Completion: void(std::error_code, byte_buffer response). Errors: timeout, cancelled
+    /// (the token's cancellation slot was emitted), unreachable, refused (no such method,
+    /// nothing listening), handshake_failed, peer_id_mismatch, connection_closed,
+    /// message_too_large, protocol_violation, or the handler's own error code.
+    template <class Token>
+    auto async_call(peer target, std::string method, byte_buffer request, duration timeout,
+                    Token&& token) {
+        return asio::async_initiate<Token, void(std::error_code, byte_buffer)>(
+            [st = state_](auto handler, peer target, std::string method, byte_buffer request,
+                          duration timeout) {
+                auto slot = asio::get_associated_cancellation_slot(handler);
+                asio::co_spawn(st->executor,
+                               unary_call(st, std::move(target), std::move(method),
+                                          std::move(request), timeout),
+                               asio::bind_cancellation_slot(slot, [handler = std::move(handler)](
+                                                                      std::exception_ptr failure,
+                                                                      call_result result) mutable {
+                                   if (failure) result = {make_error_code(errc::cancelled), {}};
+                                   std::move(handler)(result.first, std::move(result.second));
+                               }));
+            },
+            token, std::move(target), std::move(method), std::move(request), timeout);
+    }
+
+    /// Opens a streaming call; the whole call (until both sides end) must finish within
+    /// `timeout`, after which the stream is reset with errc::timeout. Errors as
+    /// async_call() for the connection.
+    asio::awaitable<std::error_code> open_call(peer target, std::string method, duration timeout,
+                                               call_stream& out) {
+        auto st = state_;
+        std::shared_ptr<mux_connection> connection;
+        if (auto ec = co_await connect(st, target, connection)) co_return ec;
+        mux_stream stream;
+        if (auto ec = co_await connection->open(stream)) co_return ec;
+        if (auto ec = co_await stream.send(
+                encode_call_header(call_kind::streaming, method, detail::to_timeout_ms(timeout))))
+            co_return ec;
+        asio::co_spawn(st->executor, reset_after(stream.watch(), timeout, st), asio::detached);
+        out = call_stream(std::move(stream), true);
+        co_return std::error_code{};
+    }
+
+    /// Opens a connection to `target` now (calls do it on demand).
+    asio::awaitable<std::error_code> connect(peer target) {
+        std::shared_ptr<mux_connection> connection;
+        co_return co_await connect(state_, std::move(target), connection);
+    }
+
+    /// One open connection, as seen by connections().
+    struct connection_info {
+        crypto::peer_id remote;
+        std::size_t streams = 0;
+        mux_statistics statistics;
+    };
+
+    /// Every open connection with its counters.
+    std::vector<connection_info> connections() const {
+        std::vector<connection_info> out;
+        for (const auto& [id, list] : state_->connections)
+            for (const auto& pooled : list)
+                out.push_back(
+                    {id, pooled.connection->stream_count(), pooled.connection->statistics()});
+        return out;
+    }
+
+    /// Number of open connections.
+    std::size_t connection_count() const {
+        std::size_t n = 0;
+        for (const auto& [id, list] : state_->connections)
+            n += list.size();
+        return n;
+    }
+
+    /// Stops listening, closes every connection and fails pending calls with
+    /// connection_closed. Idempotent.
+    void close() {
+        auto st = state_;
+        if (st->closed) return;
+        st->closed = true;
+        for (auto& listener : st->listeners)
+            listener->close();
+        st->listeners.clear();
+        for (auto connections = st->connections; auto& [id, list] : connections)
+            for (auto& pooled : list)
+                pooled.connection->close();
+        st->connections.clear();
+        st->sweep_timer.cancel();
+    }
+
+private:
+    struct pooled_connection {
+        std::shared_ptr<mux_connection> connection;
+        std::uint64_t seen_activity = ~std::uint64_t{0};
+    };
+
+    struct pending_dial {
+        std::vector<std::shared_ptr<detail::wakeup>> waiters;
+        std::error_code result;
+        bool done = false;
+    };
+
+    struct state {
+        state(Transport& t, crypto::identity id, node_options opts)
+            : transport(t)
+            , executor(t.executor())
+            , identity(std::move(id))
+            , options(std::move(opts))
+            , sweep_timer(executor) {}
+
+        Transport& transport;
+        asio::any_io_executor executor;
+        crypto::identity identity;
+        node_options options;
+        std::vector<std::shared_ptr<listener_type>> listeners;
+        std::unordered_map<crypto::peer_id, std::vector<pooled_connection>> connections;
+        std::unordered_map<crypto::peer_id, std::shared_ptr<pending_dial>> dials;
+        std::map<std::string, unary_handler, std::less<>> unary_handlers;
+        std::map<std::string, stream_handler, std::less<>> stream_handlers;
+        timer_type sweep_timer;
+        bool closed = false;
+    };
+    using state_ptr = std::shared_ptr<state>;
+
+    static void check_method(const std::string& method) {
+        if (!is_valid_method(method))
+            throw std::invalid_argument("hivemesh: invalid RPC method name: " + method);
+    }
+
+    // ---- connections ---------------------------------------------------------------
+
+    static std::shared_ptr<mux_connection> find_connection(const state_ptr& st,
+                                                           const crypto::peer_id& id) {
+        const auto it = st->connections.find(id);
+        if (it == st->connections.end()) return nullptr;
+        for (const auto& pooled : it->second)
+            if (pooled.connection->is_open()) return pooled.connection;
+        return nullptr;
+    }
+
+    /// Runs `handshake` on `stream`, closing the stream if it takes longer than the dial
+    /// timeout; then starts a multiplexed connection and adds it to the pool.
+    static asio::awaitable<std::error_code> secure(state_ptr st, stream_type raw, crypto::role side,
+                                                   std::optional<crypto::peer_id> expected,
+                                                   std::shared_ptr<mux_connection>& out) {
+        using namespace asio::experimental::awaitable_operators;
+        auto stream = std::make_shared<secure_stream<stream_type>>(std::move(raw));
+        timer_type timer(st->executor);
+        timer.expires_after(st->options.dial_timeout);
+        auto watchdog = [&]() -> asio::awaitable<std::error_code> {
+            auto [ec] =
+                co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+            if (!ec) stream->close();
+            co_return make_error_code(errc::timeout);
+        };
+        auto result = co_await (
+            stream->handshake(side, st->identity, expected, st->options.security) || watchdog());
+        std::error_code ec = result.index() == 0 ? std::get<0>(result) : std::get<1>(result);
+        if (!ec && st->closed) ec = errc::connection_closed;
+        if (ec) {
+            stream->close();
+            co_return ec;
+        }
+        const crypto::peer_id remote = stream->remote_id();
+        auto connection = std::make_shared<mux_connection>(
+            st->executor,
+            std::make_unique<detail::secure_record_channel<stream_type>>(std::move(*stream)),
+            remote, side == crypto::role::dialer, st->options.mux);
+        st->connections[remote].push_back({connection});
+        std::weak_ptr<state> weak = st;
+        std::weak_ptr<mux_connection> weak_connection = connection;
+        connection->start(
+            {},
+            [weak](mux_stream incoming) {
+                if (auto st = weak.lock())
+                    asio::co_spawn(st->executor, serve_call(st, std::move(incoming)),
+                                   asio::detached);
+            },
+            [weak, weak_connection, remote](std::error_code) {
+                if (auto st = weak.lock()) forget(st, remote, weak_connection.lock().get());
+            });
+        out = std::move(connection);
+        co_return std::error_code{};
+    }
+
+    static void forget(const state_ptr& st, const crypto::peer_id& remote,
+                       const mux_connection* connection) {
+        const auto it = st->connections.find(remote);
+        if (it == st->connections.end()) return;
+        std::erase_if(it->second,
+                      [&](const pooled_connection& p) { return p.connection.get() == connection; });
+        if (it->second.empty()) st->connections.erase(it);
+    }
+
+    /// An open connection to `target`, dialing if there is none. Concurrent callers share
+    /// one dial.
+    static asio::awaitable<std::error_code> connect(state_ptr st, peer target,
+                                                    std::shared_ptr<mux_connection>& out) {
+        while (true) {
+            if (st->closed) co_return errc::connection_closed;
+            if ((out = find_connection(st, target.id))) co_return std::error_code{};
+            auto& dial = st->dials[target.id];
+            if (!dial) {
+                dial = std::make_shared<pending_dial>();
+                asio::co_spawn(st->executor, run_dial(st, target, dial), asio::detached);
+            }
+            auto waiter = std::make_shared<detail::wakeup>(st->executor);
+            auto pending = dial;
+            pending->waiters.push_back(waiter);
+            const std::error_code cancelled = co_await waiter->wait();
+            if (cancelled) co_return errc::cancelled;
+            if (pending->result) co_return pending->result;
+        }
+    }
+
+    static asio::awaitable<void> run_dial(state_ptr st, peer target,
+                                          std::shared_ptr<pending_dial> dial) {
+        using namespace asio::experimental::awaitable_operators;
+        timer_type timer(st->executor);
+        timer.expires_after(st->options.dial_timeout);
+        auto connected =
+            co_await (st->transport.async_connect(
+                          target.endpoint, asio::experimental::as_tuple(asio::use_awaitable)) ||
+                      timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        std::error_code ec;
+        if (connected.index() == 0) {
+            auto& [connect_error, stream] = std::get<0>(connected);
+            ec = detail::to_rpc_error(connect_error);
+            if (!ec) {
+                std::shared_ptr<mux_connection> connection;
+                ec = co_await secure(st, std::move(stream), crypto::role::dialer, target.id,
+                                     connection);
+            }
+        } else {
+            ec = errc::timeout;
+        }
+        if (ec) log::debug("net", "dial ", target.id.short_string(), " failed: ", ec.message());
+        dial->result = ec;
+        dial->done = true;
+        if (const auto it = st->dials.find(target.id); it != st->dials.end() && it->second == dial)
+            st->dials.erase(it);
+        for (auto& waiter : dial->waiters)
+            waiter->notify();
+    }
+
+    static asio::awaitable<void> accept_loop(state_ptr st,
+                                             std::shared_ptr<listener_type> listener) {
+        while (!st->closed) {
+            auto [ec, stream] =
+                co_await listener->async_accept(asio::experimental::as_tuple(asio::use_awaitable));
+            if (st->closed) break;
+            if (ec) {
+                if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor)
+                    break;
+                log::warning("net", "accept failed: ", ec.message());
+                continue;
+            }
+            asio::co_spawn(st->executor, accept_one(st, std::move(stream)), asio::detached);
+        }
+    }
+
+    static asio::awaitable<void> accept_one(state_ptr st, stream_type stream) {
+        std::shared_ptr<mux_connection> connection;
+        if (auto ec = co_await secure(st, std::move(stream), crypto::role::listener, std::nullopt,
+                                      connection))
+            log::debug("net", "incoming handshake failed: ", ec.message());
+    }
+
+    /// Closes connections that had no stream during a whole idle period.
+    static asio::awaitable<void> sweep_idle(state_ptr st) {
+        while (!st->closed) {
+            st->sweep_timer.expires_after(st->options.idle_timeout);
+            auto [ec] = co_await st->sweep_timer.async_wait(
+                asio::experimental::as_tuple(asio::use_awaitable));
+            if (ec || st->closed) break;
+            std::vector<std::shared_ptr<mux_connection>> idle;
+            for (auto& [id, list] : st->connections)
+                for (auto& pooled : list) {
+                    const auto activity = pooled.connection->activity();
+                    if (pooled.connection->stream_count() == 0 && pooled.seen_activity == activity)
+                        idle.push_back(pooled.connection);
+                    pooled.seen_activity = activity;
+                }
+            for (auto& connection : idle)
+                connection->close();
+        }
+    }
+
+    // ---- calls ---------------------------------------------------------------------
+
+    static asio::awaitable<call_result> unary_call(state_ptr st, peer target, std::string method,
+                                                   byte_buffer request, duration timeout) {
+        using namespace asio::experimental::awaitable_operators;
+        if (!is_valid_method(method)) co_return call_result{errc::invalid_argument, {}};
+        timer_type timer(st->executor);
+        timer.expires_after(timeout);
+        auto result = co_await (
+            unary_exchange(st, std::move(target), std::move(method), std::move(request), timeout) ||
+            timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        if (result.index() == 0) co_return std::move(std::get<0>(result));
+        const auto [timer_error] = std::get<1>(result);
+        co_return call_result{timer_error ? errc::cancelled : errc::timeout, {}};
+    }
+
+    static asio::awaitable<call_result> unary_exchange(state_ptr st, peer target,
+                                                       std::string method, byte_buffer request,
+                                                       duration timeout) {
+        std::shared_ptr<mux_connection> connection;
+        if (auto ec = co_await connect(st, std::move(target), connection))
+            co_return call_result{ec, {}};
+        mux_stream stream;
+        if (auto ec = co_await connection->open(stream)) co_return call_result{ec, {}};
+        byte_buffer message =
+            encode_call_header(call_kind::unary, method, detail::to_timeout_ms(timeout), request);
+        request = {};
+        if (auto ec = co_await stream.send(std::move(message), true)) co_return call_result{ec, {}};
+        byte_buffer raw;
+        if (auto ec = co_await stream.receive(raw))
+            co_return call_result{
+                ec == asio::error::eof ? make_error_code(errc::protocol_violation) : ec, {}};
+        reply_message reply;
+        if (auto ec = decode_reply(raw, reply); ec || reply.tag == reply_tag::data) {
+            stream.reset(errc::protocol_violation);
+            co_return call_result{errc::protocol_violation, {}};
+        }
+        if (reply.tag == reply_tag::status) co_return call_result{reply.status, {}};
+        co_return call_result{std::error_code{}, byte_buffer(reply.body.begin(), reply.body.end())};
+    }
+
+    /// Resets the stream watched by `watch` with errc::timeout unless it ends first.
+    static asio::awaitable<void> reset_after(mux_stream::watcher watch, duration timeout,
+                                             state_ptr st) {
+        using namespace asio::experimental::awaitable_operators;
+        timer_type timer(st->executor);
+        timer.expires_after(timeout);
+        auto result =
+            co_await (watch.until_finished() ||
+                      timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        if (result.index() == 1 && !std::get<0>(std::get<1>(result))) watch.reset(errc::timeout);
+    }
+
+    static asio::awaitable<void> serve_call(state_ptr st, mux_stream stream) {
+        using namespace asio::experimental::awaitable_operators;
+        byte_buffer first;
+        {
+            timer_type timer(st->executor);
+            timer.expires_after(st->options.header_timeout);
+            auto got =
+                co_await (stream.receive(first) ||
+                          timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            if (got.index() != 0 || std::get<0>(got)) co_return; // dropping the stream resets it
+        }
+        call_header header;
+        if (decode_call_header(first, header)) {
+            stream.reset(errc::protocol_violation);
+            co_return;
+        }
+        const call_context context{stream.remote(), header.method};
+        const duration limit = std::min<duration>(std::chrono::milliseconds(header.timeout_ms),
+                                                  st->options.max_handler_time);
+        auto watch = stream.watch();
+        timer_type timer(st->executor);
+        timer.expires_after(limit);
+
+        if (header.kind == call_kind::unary) {
+            const auto it = st->unary_handlers.find(header.method);
+            if (it == st->unary_handlers.end()) {
+                co_await stream.send(encode_status(errc::refused, "no such method"), true);
+                co_return;
+            }
+            const unary_handler handler = it->second; // the map may change while it runs
+            byte_buffer response;
+            auto run = [&]() -> asio::awaitable<std::error_code> {
+                try {
+                    co_return co_await handler(context, header.body, response);
+                } catch (const std::system_error& e) {
+                    co_return e.code();
+                } catch (const std::exception& e) {
+                    log::warning("rpc", "handler ", header.method, " threw: ", e.what());
+                    co_return make_error_code(errc::remote_error);
+                }
+            };
+            auto outcome =
+                co_await (run() || watch.until_finished() ||
+                          timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            if (outcome.index() == 1) co_return; // the caller went away
+            const std::error_code status =
+                outcome.index() == 0 ? std::get<0>(outcome) : make_error_code(errc::timeout);
+            byte_buffer last = status ? encode_status(status, status.message())
+                                      : encode_reply(reply_tag::reply, response);
+            co_await stream.send(std::move(last), true);
+            co_return;
+        }
+
+        const auto it = st->stream_handlers.find(header.method);
+        if (it == st->stream_handlers.end()) {
+            co_await stream.send(encode_status(errc::refused, "no such method"), true);
+            co_return;
+        }
+        const stream_handler handler = it->second;
+        call_stream call(std::move(stream), false);
+        auto run = [&]() -> asio::awaitable<std::error_code> {
+            try {
+                co_return co_await handler(context, call);
+            } catch (const std::system_error& e) {
+                co_return e.code();
+            } catch (const std::exception& e) {
+                log::warning("rpc", "handler ", header.method, " threw: ", e.what());
+                co_return make_error_code(errc::remote_error);
+            }
+        };
+        auto outcome =
+            co_await (run() || timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        const std::error_code status =
+            outcome.index() == 0 ? std::get<0>(outcome) : make_error_code(errc::timeout);
+        byte_buffer last =
+            status ? encode_status(status, status.message()) : encode_reply(reply_tag::reply, {});
+        co_await call.stream().send(std::move(last), true);
+    }
+
+    state_ptr state_;
+};
+
+} // namespace hivemesh::net

@@ -1,0 +1,305 @@
+// A secure message stream over any Asio byte stream (TCP socket, simulated stream, Unix
+// socket): runs the handshake of crypto/secure_channel.hpp, then carries whole messages as
+// sealed records. The layers above (stream multiplexer, RPC) see authenticated peers and
+// message boundaries.
+//
+// Wire: each handshake message is framed as u32 length (little-endian, 1..4096) | message;
+// after the handshake the stream is a sequence of records (see secure_channel.hpp).
+#pragma once
+
+#include "hivemesh/core/bytes.hpp"
+#include "hivemesh/core/error.hpp"
+#include "hivemesh/crypto/identity.hpp"
+#include "hivemesh/crypto/peer_id.hpp"
+#include "hivemesh/crypto/secure_channel.hpp"
+
+#include <asio/awaitable.hpp>
+#include <asio/buffer.hpp>
+#include <asio/error.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+
+namespace hivemesh::net {
+
+/// Secure session over an owned `Stream`, which must be an Asio AsyncReadStream and
+/// AsyncWriteStream with get_executor() and close(std::error_code&).
+///
+/// Concurrency: one read() may run at the same time as one write() or shutdown(); read()
+/// must not overlap another read(), nor write()/shutdown() each other: the caller
+/// serialises them (the multiplexer has one reader loop and one writer queue). All calls,
+/// close() included, run on the stream's executor (one thread or a strand).
+/// Errors after the handshake are sticky per direction.
+template <class Stream>
+class secure_stream {
+public:
+    using next_layer_type = Stream;
+    using executor_type = typename Stream::executor_type;
+
+    /// Reads happen in chunks of at least this size, so small records share a syscall.
+    static constexpr std::size_t read_chunk_size = 64 * 1024;
+
+    /// Takes ownership of a connected stream.
+    explicit secure_stream(Stream stream)
+        : stream_(std::move(stream)) {}
+
+    /// Runs the handshake as `r`, proving `self` (which must outlive the operation) and,
+    /// if `expected` is set, requiring the peer to prove that PeerId.
+    ///
+    /// Completes with: success; the handshake's errors (handshake_failed,
+    /// peer_id_mismatch); handshake_failed for a frame longer than
+    /// crypto::handshake::max_message_size or empty; connection_closed if the peer closes
+    /// the connection before the handshake ends; or the transport's error. There is no
+    /// deadline inside: to bound it (or cancel it), call close() from a timer, and the
+    /// pending read or write completes with asio::error::operation_aborted. On failure
+    /// the stream stays open (close() it) and read()/write() return the same error.
+    /// The dialer succeeds once it has sent message 3; should the listener refuse that,
+    /// the dialer's next read() reports the connection ending (connection_truncated).
+    /// Call once; throws std::logic_error on a second call.
+    asio::awaitable<std::error_code> handshake(crypto::role r, const crypto::identity& self,
+                                               std::optional<crypto::peer_id> expected = {},
+                                               crypto::secure_options options = {}) {
+        if (state_ != state::fresh)
+            throw std::logic_error("hivemesh::net::secure_stream::handshake called twice");
+        state_ = state::handshaking;
+        auto ec = co_await run_handshake(r, self, expected, options);
+        if (ec) {
+            state_ = state::failed;
+            read_error_ = write_error_ = ec;
+        } else {
+            state_ = state::established;
+        }
+        co_return ec;
+    }
+
+    /// After a successful handshake: who the peer proved to be, and the negotiated cipher.
+    const crypto::peer_id& remote_id() const {
+        require_established();
+        return session_->remote_id;
+    }
+    const crypto::public_key& remote_key() const {
+        require_established();
+        return session_->remote_key;
+    }
+    crypto::cipher cipher() const {
+        require_established();
+        return session_->suite;
+    }
+
+    /// Sends each message as one record; all records of the call are sealed into one
+    /// reusable buffer and go out in a single asio::async_write (batch small messages
+    /// here; the buffer grows to the largest batch). `messages` must stay valid until
+    /// completion. Errors: message_too_large (a message over the record limit; nothing is
+    /// sent and the stream stays usable), connection_closed (after shutdown()), the
+    /// transport's error (sticky: later writes return it). Cancel with close().
+    asio::awaitable<std::error_code> write(std::span<const byte_view> messages) {
+        if (!usable()) co_return write_error_;
+        if (write_error_) co_return write_error_;
+        auto& sealer = session_->sealer;
+        if (sealer.closed()) co_return errc::connection_closed;
+        std::size_t total = 0;
+        for (const byte_view message : messages) {
+            if (message.size() > sealer.max_payload_size()) co_return errc::message_too_large;
+            total += sealer.record_size(message.size());
+        }
+        if (total == 0) co_return std::error_code{};
+        if (write_buffer_.size() < total) write_buffer_.resize(total);
+        std::size_t offset = 0;
+        for (const byte_view message : messages) {
+            const std::size_t size = sealer.record_size(message.size());
+            // Cannot fail: sizes and the closed state were checked above.
+            throw_if_error(sealer.seal(message, std::span(write_buffer_).subspan(offset, size)),
+                           "hivemesh::net::secure_stream::write");
+            offset += size;
+        }
+        co_return co_await send(total);
+    }
+
+    /// Sends one message as one record; see write(std::span<const byte_view>).
+    asio::awaitable<std::error_code> write(byte_view message) {
+        co_return co_await write(std::span<const byte_view>(&message, 1));
+    }
+
+    /// Waits for the next message. On success `message` views its payload inside our read
+    /// buffer, valid until the next read(). Completes with asio::error::eof once the peer
+    /// has sent its close record (after shutdown()), connection_truncated if the byte
+    /// stream ends without one, authentication_failed / protocol_violation /
+    /// message_too_large for a bad record (refused before anything is allocated for it),
+    /// or the transport's error. Every error is sticky. Cancel with close().
+    asio::awaitable<std::error_code> read(byte_view& message) {
+        message = {};
+        if (!usable()) co_return read_error_;
+        if (read_error_) co_return read_error_;
+        auto& opener = session_->opener;
+        std::size_t record_size = 0;
+        auto ec = opener.peek(buffered(), record_size);
+        if (!ec && record_size == 0) {
+            ec = co_await fill(crypto::record_opener::header_size);
+            if (!ec) ec = opener.peek(buffered(), record_size);
+        }
+        if (!ec) ec = co_await fill(record_size);
+        if (ec == asio::error::eof) ec = errc::connection_truncated;
+        if (ec) co_return fail_read(ec);
+
+        crypto::record_type type{};
+        std::span<std::byte> payload;
+        ec = opener.open(std::span(read_buffer_).subspan(read_begin_, record_size), type, payload);
+        if (ec) co_return fail_read(ec);
+        consume(record_size);
+        if (type == crypto::record_type::close) co_return fail_read(asio::error::eof);
+        message = payload;
+        co_return std::error_code{};
+    }
+
+    /// Sends the close record, after which the peer's read() reports asio::error::eof and
+    /// our write() fails with connection_closed. Does not close the stream: call close()
+    /// when done reading. A second call does nothing. Errors: the transport's.
+    asio::awaitable<std::error_code> shutdown() {
+        if (!usable()) co_return write_error_;
+        if (write_error_) co_return write_error_;
+        auto& sealer = session_->sealer;
+        if (sealer.closed()) co_return std::error_code{};
+        const std::size_t size = sealer.record_size(0);
+        if (write_buffer_.size() < size) write_buffer_.resize(size);
+        throw_if_error(sealer.seal_close(std::span(write_buffer_).first(size)),
+                       "hivemesh::net::secure_stream::shutdown");
+        co_return co_await send(size);
+    }
+
+    /// Closes the underlying stream now; pending operations complete with an error.
+    void close() noexcept {
+        std::error_code ignored;
+        stream_.close(ignored);
+    }
+
+    Stream& next_layer() noexcept { return stream_; }
+    const Stream& next_layer() const noexcept { return stream_; }
+    executor_type get_executor() noexcept { return stream_.get_executor(); }
+
+private:
+    enum class state { fresh, handshaking, established, failed };
+
+    asio::awaitable<std::error_code> run_handshake(crypto::role r, const crypto::identity& self,
+                                                   std::optional<crypto::peer_id> expected,
+                                                   const crypto::secure_options& options) {
+        crypto::handshake exchange(self, r, options, expected);
+        byte_buffer outgoing;
+        auto ec = exchange.start(outgoing);
+        if (!ec && !outgoing.empty()) ec = co_await write_frame(outgoing);
+        while (!ec && !exchange.done()) {
+            byte_view incoming;
+            ec = co_await read_frame(incoming);
+            if (!ec) ec = exchange.on_message(incoming, outgoing);
+            if (!ec && !outgoing.empty()) ec = co_await write_frame(outgoing);
+        }
+        if (ec == asio::error::eof) ec = errc::connection_closed;
+        if (!ec) session_.emplace(exchange.result());
+        co_return ec;
+    }
+
+    asio::awaitable<std::error_code> write_frame(byte_view message) {
+        const std::size_t size = crypto::record_opener::header_size + message.size();
+        if (write_buffer_.size() < size) write_buffer_.resize(size);
+        crypto::detail::write_le32(write_buffer_.data(),
+                                   static_cast<std::uint32_t>(message.size()));
+        std::memcpy(write_buffer_.data() + crypto::record_opener::header_size, message.data(),
+                    message.size());
+        co_return co_await send(size);
+    }
+
+    // The frame's length is checked before anything is read or allocated for it.
+    asio::awaitable<std::error_code> read_frame(byte_view& message) {
+        constexpr std::size_t header = crypto::record_opener::header_size;
+        auto ec = co_await fill(header);
+        if (ec) co_return ec;
+        const std::uint32_t length = crypto::detail::read_le32(read_buffer_.data() + read_begin_);
+        if (length == 0 || length > crypto::handshake::max_message_size)
+            co_return errc::handshake_failed;
+        ec = co_await fill(header + length);
+        if (ec) co_return ec;
+        message = byte_view(read_buffer_).subspan(read_begin_ + header, length);
+        consume(header + length);
+        co_return std::error_code{};
+    }
+
+    asio::awaitable<std::error_code> send(std::size_t size) {
+        std::error_code ec;
+        co_await asio::async_write(stream_, asio::buffer(write_buffer_.data(), size),
+                                   asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) write_error_ = ec;
+        co_return ec;
+    }
+
+    /// Makes at least `needed` unread bytes available, reading as much as the buffer holds.
+    asio::awaitable<std::error_code> fill(std::size_t needed) {
+        if (read_end_ - read_begin_ >= needed) co_return std::error_code{};
+        if (read_buffer_.size() - read_begin_ < needed) {
+            // No room behind the unread bytes: move them to the front, grow if still short.
+            if (read_end_ > read_begin_)
+                std::memmove(read_buffer_.data(), read_buffer_.data() + read_begin_,
+                             read_end_ - read_begin_);
+            read_end_ -= read_begin_;
+            read_begin_ = 0;
+            if (read_buffer_.size() < needed)
+                read_buffer_.resize(std::max(needed, read_chunk_size));
+        }
+        while (read_end_ - read_begin_ < needed) {
+            std::error_code ec;
+            const std::size_t n = co_await stream_.async_read_some(
+                asio::buffer(read_buffer_.data() + read_end_, read_buffer_.size() - read_end_),
+                asio::redirect_error(asio::use_awaitable, ec));
+            read_end_ += n;
+            if (ec) co_return ec;
+        }
+        co_return std::error_code{};
+    }
+
+    byte_view buffered() const noexcept {
+        return byte_view(read_buffer_).subspan(read_begin_, read_end_ - read_begin_);
+    }
+
+    // The consumed bytes stay in place until the next fill(), so views into them survive.
+    void consume(std::size_t size) noexcept {
+        read_begin_ += size;
+        if (read_begin_ == read_end_) read_begin_ = read_end_ = 0;
+    }
+
+    std::error_code fail_read(std::error_code ec) noexcept {
+        read_error_ = ec;
+        return ec;
+    }
+
+    /// False after a failed handshake (the error is in read_error_ / write_error_);
+    /// throws before a handshake.
+    bool usable() const {
+        if (state_ == state::failed) return false;
+        require_established();
+        return true;
+    }
+
+    void require_established() const {
+        if (state_ != state::established)
+            throw std::logic_error(
+                "hivemesh::net::secure_stream: call handshake() and wait for it to succeed first");
+    }
+
+    Stream stream_;
+    state state_ = state::fresh;
+    std::optional<crypto::secure_session> session_;
+    byte_buffer read_buffer_;
+    std::size_t read_begin_ = 0;
+    std::size_t read_end_ = 0;
+    byte_buffer write_buffer_;
+    std::error_code read_error_;
+    std::error_code write_error_;
+};
+
+} // namespace hivemesh::net

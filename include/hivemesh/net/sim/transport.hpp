@@ -1,0 +1,89 @@
+// The simulated transport: the per-node face of a sim::network, with the same shape as
+// net::tcp::transport (stream_type, listener_type, timer_type, clock_type, endpoint_type,
+// executor(), listen(endpoint), async_connect(endpoint, token)), so that components written
+// as templates over a transport run on either.
+#pragma once
+
+#include <hivemesh/net/sim/network.hpp>
+#include <hivemesh/net/sim/virtual_time.hpp>
+
+#include <asio.hpp>
+
+#include <cerrno>
+#include <cstdint>
+#include <system_error>
+#include <utility>
+
+namespace hivemesh::net::sim {
+
+/// Listens and dials as one node of a simulated network. Cheap to copy; the network must
+/// outlive it.
+class transport {
+public:
+    using executor_type = asio::any_io_executor;
+    using stream_type = sim::stream;
+    using listener_type = sim::listener;
+    using timer_type = sim::timer;
+    using clock_type = sim::clock;
+    using endpoint_type = sim::endpoint;
+
+    /// Throws std::out_of_range for an unknown node.
+    transport(network& net, node_id node)
+        : network_(&net)
+        , node_(node) {
+        net.core_->check_node(node);
+    }
+
+    executor_type executor() const noexcept { return network_->get_executor(); }
+    node_id node() const noexcept { return node_; }
+    network& net() const noexcept { return *network_; }
+    clock_type clock() const noexcept { return clock_type(network_->time()); }
+    hivemesh::duration connect_timeout() const noexcept {
+        return network_->config().connect_timeout;
+    }
+
+    /// Listens on `port` of this node (0 picks a free port); see network::listen.
+    /// Throws std::system_error.
+    listener_type listen(std::uint16_t port) const { return network_->listen(node_, port); }
+    /// As above, reporting failure in `ec` (the listener is then closed).
+    listener_type listen(std::uint16_t port, std::error_code& ec) const {
+        return network_->listen(node_, port, ec);
+    }
+
+    /// Listens on `local`, whose node must be this one (else address_not_available, as when
+    /// binding a TCP socket to another host's address). Throws std::system_error.
+    listener_type listen(const endpoint_type& local) const {
+        std::error_code ec;
+        auto l = listen(local, ec);
+        if (ec) throw std::system_error(ec, "hivemesh::net::sim::transport::listen");
+        return l;
+    }
+    listener_type listen(const endpoint_type& local, std::error_code& ec) const {
+        if (local.node != node_) {
+            ec = std::error_code(EADDRNOTAVAIL, asio::error::get_system_category());
+            return listener_type(executor());
+        }
+        return network_->listen(node_, local.port, ec);
+    }
+
+    /// Connects to `remote`, giving up after `timeout`; see network::async_connect.
+    /// Completion: void(std::error_code, stream_type). Cancellation: the handler's slot, any
+    /// type (completes with operation_aborted).
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, stream_type)) ConnectToken>
+    auto async_connect(const endpoint_type& remote, hivemesh::duration timeout,
+                       ConnectToken&& token) {
+        return network_->async_connect(node_, remote, timeout, std::forward<ConnectToken>(token));
+    }
+
+    /// As above with connect_timeout().
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, stream_type)) ConnectToken>
+    auto async_connect(const endpoint_type& remote, ConnectToken&& token) {
+        return network_->async_connect(node_, remote, std::forward<ConnectToken>(token));
+    }
+
+private:
+    network* network_;
+    node_id node_;
+};
+
+} // namespace hivemesh::net::sim

@@ -1,0 +1,533 @@
+// The TCP transport: listeners and dials with deadlines over Asio sockets.
+//
+// It has the same shape as the simulated transport (net/sim.hpp), so components are
+// templates over either: `stream_type`, `listener_type`, `timer_type`, `clock_type`,
+// `endpoint_type`, `executor()`, `listen(endpoint)` and `async_connect(endpoint, token)`.
+// It moves bytes and nothing else: no authentication (the secure session does that), no
+// error mapping (errors are Asio's own codes, which the RPC layer maps).
+//
+// Socket options, for accepted and dialled sockets alike:
+//   - TCP_NODELAY: small RPC frames must not wait up to 40 ms for Nagle's algorithm.
+//   - Send and receive buffers are left to the kernel. Setting SO_SNDBUF/SO_RCVBUF turns
+//     off Linux's buffer autotuning, which grows the window up to net.ipv4.tcp_rmem/wmem
+//     as a long fat link needs; a fixed size would cap throughput instead.
+//   - No SO_KEEPALIVE: its two-hour default detects nothing useful; liveness is the
+//     deadline and ping business of the layers above.
+#pragma once
+
+#include "hivemesh/core/clock.hpp"
+#include "hivemesh/core/error.hpp"
+#include "hivemesh/crypto/peer_id.hpp"
+#include "hivemesh/net/address.hpp"
+
+#include <asio.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/deferred.hpp>
+#include <asio/experimental/parallel_group.hpp>
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+namespace hivemesh::net::tcp {
+
+/// Sets the options every hivemesh TCP connection uses (TCP_NODELAY; see the top of this
+/// file for what is left alone and why). Returns the error of the failing option.
+inline std::error_code apply_connection_options(asio::ip::tcp::socket& socket) {
+    std::error_code ec;
+    socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    return ec;
+}
+
+/// The endpoint of an ip4 or ip6 address (its peer id, if any, is not part of it).
+/// nullopt for dns and sim addresses, which need a resolver or the simulated network, and
+/// for hosts that are not valid (see peer_address::is_valid()).
+inline std::optional<asio::ip::tcp::endpoint> to_endpoint(const peer_address& address) {
+    using protocol = peer_address::protocol;
+    if (address.proto != protocol::ip4 && address.proto != protocol::ip6) return std::nullopt;
+    if (!address.is_valid()) return std::nullopt; // e.g. an IPv6 zone, which Asio would take
+    std::error_code ec;
+    const asio::ip::address ip =
+        address.proto == protocol::ip4
+            ? asio::ip::address(asio::ip::make_address_v4(address.host, ec))
+            : asio::ip::address(asio::ip::make_address_v6(address.host, ec));
+    if (ec) return std::nullopt;
+    return asio::ip::tcp::endpoint(ip, address.port);
+}
+
+/// The address of `endpoint`, naming `peer` if given. An IPv4-mapped IPv6 address becomes
+/// ip4; an IPv6 zone (scope id) is dropped, since the text form has none.
+inline peer_address to_address(const asio::ip::tcp::endpoint& endpoint,
+                               std::optional<crypto::peer_id> peer = std::nullopt) {
+    const asio::ip::address ip = endpoint.address();
+    if (ip.is_v4())
+        return {peer_address::protocol::ip4, ip.to_v4().to_string(), endpoint.port(), peer};
+    const asio::ip::address_v6 v6 = ip.to_v6();
+    if (v6.is_v4_mapped())
+        return {peer_address::protocol::ip4,
+                asio::ip::make_address_v4(asio::ip::v4_mapped, v6).to_string(), endpoint.port(),
+                peer};
+    return {peer_address::protocol::ip6, asio::ip::address_v6(v6.to_bytes()).to_string(),
+            endpoint.port(), peer};
+}
+
+namespace detail {
+
+using steady_time = std::chrono::steady_clock::time_point;
+static_assert(std::is_same_v<std::chrono::steady_clock::duration, hivemesh::duration>,
+              "deadline arithmetic below assumes a nanosecond steady clock");
+
+/// `timeout` from now; saturates at the end of time instead of overflowing, and is `now`
+/// (already expired) for zero or negative timeouts.
+inline steady_time deadline_after(hivemesh::duration timeout) noexcept {
+    const steady_time now = std::chrono::steady_clock::now();
+    if (timeout <= hivemesh::duration::zero()) return now;
+    if (timeout >= steady_time::max() - now) return steady_time::max();
+    return now + timeout;
+}
+
+/// What a dial produces. The socket is always engaged when the coroutine returns; it is
+/// optional only because co_spawn needs a default-constructible result.
+struct dial_outcome {
+    std::error_code ec;
+    std::optional<asio::ip::tcp::socket> socket;
+};
+
+/// co_spawn's completion handler for a dial: turns `(exception_ptr, dial_outcome)` into the
+/// public `(error_code, socket)` and forwards every association to the user's handler.
+template <class Handler>
+class dial_completion {
+public:
+    explicit dial_completion(Handler handler,
+                             std::shared_ptr<asio::cancellation_signal> dial_signal = nullptr)
+        : handler_(std::move(handler))
+        , dial_signal_(std::move(dial_signal)) {}
+
+    void operator()(std::exception_ptr failure, dial_outcome outcome) {
+        // The dial coroutine reports every expected failure as an error code; only
+        // resource exhaustion (std::bad_alloc) gets here, and it propagates out of
+        // io_context::run() like an exception from any other handler.
+        if (failure) std::rethrow_exception(failure);
+        std::move(handler_)(outcome.ec, std::move(*outcome.socket));
+    }
+
+    const Handler& handler() const noexcept { return handler_; }
+
+private:
+    Handler handler_;
+    // co_spawn keeps the dial's cancellation state in this signal's slot: it must live
+    // until the dial has completed.
+    std::shared_ptr<asio::cancellation_signal> dial_signal_;
+};
+
+/// Installed in the caller's cancellation slot: carries a cancellation over to the dial's
+/// strand and emits it there, because the dial's coroutine state lives on that strand and
+/// cancellation slots are not thread-safe (the caller may emit from another thread).
+class cancellation_relay {
+public:
+    cancellation_relay(asio::any_io_executor dial_strand,
+                       std::shared_ptr<asio::cancellation_signal> dial_signal)
+        : dial_strand_(std::move(dial_strand))
+        , dial_signal_(std::move(dial_signal)) {}
+
+    void operator()(asio::cancellation_type type) {
+        asio::dispatch(dial_strand_, [signal = dial_signal_, type] { signal->emit(type); });
+    }
+
+private:
+    asio::any_io_executor dial_strand_;
+    std::shared_ptr<asio::cancellation_signal> dial_signal_;
+};
+
+/// The acceptor's completion handler: applies the connection options before handing the
+/// socket over, and forwards every association to the user's handler.
+template <class Handler>
+class accept_completion {
+public:
+    explicit accept_completion(Handler handler)
+        : handler_(std::move(handler)) {}
+
+    void operator()(std::error_code ec, asio::ip::tcp::socket socket) {
+        if (!ec) ec = apply_connection_options(socket);
+        if (ec) {
+            std::error_code ignored;
+            socket.close(ignored);
+        }
+        // Already running in the handler's own executor context (the association is
+        // forwarded), so the handler is invoked directly, as Asio's composed operations do.
+        std::move(handler_)(ec, std::move(socket));
+    }
+
+    const Handler& handler() const noexcept { return handler_; }
+
+private:
+    Handler handler_;
+};
+
+inline asio::awaitable<bool> cancellation_requested() {
+    co_return (co_await asio::this_coro::cancellation_state).cancelled() !=
+        asio::cancellation_type::none;
+}
+
+/// Connects `socket` to `target` unless `deadline` expires first. The timer keeps its
+/// expiry, so one timer bounds a whole sequence of steps.
+inline asio::awaitable<std::error_code> connect_before(asio::ip::tcp::socket& socket,
+                                                       asio::ip::tcp::endpoint target,
+                                                       asio::steady_timer& deadline) {
+    namespace ex = asio::experimental;
+    // Whichever finishes first cancels the other, and the group completes only once both
+    // have, so nothing is left running that refers to the socket or the timer.
+    auto [order, connect_ec, timer_ec] =
+        co_await ex::make_parallel_group(socket.async_connect(target, ex::deferred),
+                                         deadline.async_wait(ex::deferred))
+            .async_wait(ex::wait_for_one(), asio::use_awaitable);
+    if (!connect_ec) co_return std::error_code{}; // connected, even if the deadline hit too
+    if (order[0] == 1 && !timer_ec) co_return asio::error::timed_out;
+    co_return connect_ec; // refused, unreachable, ..., or operation_aborted if cancelled
+}
+
+/// Tries `targets` in order until one connects, the deadline passes or the dial is
+/// cancelled. Each attempt gets a fresh socket: a failed connect leaves a socket unusable.
+template <class Endpoints>
+asio::awaitable<dial_outcome> connect_first(asio::any_io_executor socket_executor,
+                                            Endpoints targets, asio::steady_timer& deadline) {
+    std::error_code last_error = asio::error::host_not_found;
+    for (const auto& entry : targets) {
+        // A cancellation that arrived between two steps (say, just as the lookup answered)
+        // found no operation to stop: check for it before starting the next one.
+        if (co_await cancellation_requested()) {
+            last_error = asio::error::operation_aborted;
+            break;
+        }
+        asio::ip::tcp::socket socket(socket_executor);
+        const asio::ip::tcp::endpoint target = entry;
+        last_error = co_await connect_before(socket, target, deadline);
+        if (!last_error) last_error = apply_connection_options(socket);
+        if (!last_error) co_return dial_outcome{{}, std::move(socket)};
+        std::error_code ignored;
+        socket.close(ignored);
+        if (last_error == asio::error::timed_out || last_error == asio::error::operation_aborted)
+            break;
+    }
+    co_return dial_outcome{last_error, asio::ip::tcp::socket(socket_executor)};
+}
+
+/// Dials one endpoint before `deadline`. Runs on a private strand.
+inline asio::awaitable<dial_outcome> dial_endpoint(asio::any_io_executor socket_executor,
+                                                   asio::ip::tcp::endpoint target,
+                                                   steady_time deadline) {
+    if (deadline <= std::chrono::steady_clock::now())
+        co_return dial_outcome{asio::error::timed_out, asio::ip::tcp::socket(socket_executor)};
+    asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
+    const asio::ip::tcp::endpoint targets[] = {target};
+    co_return co_await connect_first(socket_executor, std::span(targets), timer);
+}
+
+/// The state a DNS lookup shares with its completion handler, which may outlive the dial:
+/// getaddrinfo cannot be interrupted, so a dial that gives up leaves it to finish alone.
+/// Only touched on the dial's strand.
+struct pending_lookup {
+    /// The dialer's deadline timer, cancelled to wake the dialer; null once it stopped waiting.
+    asio::steady_timer* waiting_dialer = nullptr;
+    bool answered = false;
+    std::error_code ec;
+    asio::ip::tcp::resolver::results_type results;
+};
+
+/// Dials a peer address before `deadline`: ip4 and ip6 directly, dns through an
+/// asynchronous lookup bounded by the same deadline. Runs on a private strand.
+inline asio::awaitable<dial_outcome> dial_address(asio::any_io_executor socket_executor,
+                                                  peer_address target, steady_time deadline) {
+    const auto fail = [&](std::error_code ec) {
+        return dial_outcome{ec, asio::ip::tcp::socket(socket_executor)};
+    };
+    if (target.proto == peer_address::protocol::sim || !target.is_valid())
+        co_return fail(errc::invalid_argument);
+    if (deadline <= std::chrono::steady_clock::now()) co_return fail(asio::error::timed_out);
+
+    const auto strand = co_await asio::this_coro::executor;
+    asio::steady_timer timer(strand, deadline);
+    if (target.proto != peer_address::protocol::dns) {
+        const auto endpoint = to_endpoint(target);
+        if (!endpoint) co_return fail(errc::invalid_argument);
+        const asio::ip::tcp::endpoint targets[] = {*endpoint};
+        co_return co_await connect_first(socket_executor, std::span(targets), timer);
+    }
+
+    // The resolver and its handler run on this strand, so `lookup` needs no lock.
+    auto lookup = std::make_shared<pending_lookup>();
+    lookup->waiting_dialer = &timer;
+    asio::ip::tcp::resolver resolver(strand);
+    resolver.async_resolve(target.host, std::to_string(target.port),
+                           asio::ip::resolver_base::numeric_service,
+                           [lookup](std::error_code ec, asio::ip::tcp::resolver::results_type r) {
+                               lookup->answered = true;
+                               lookup->ec = ec;
+                               lookup->results = std::move(r);
+                               if (lookup->waiting_dialer) lookup->waiting_dialer->cancel();
+                           });
+    // Wakes when the lookup answers (it cancels this wait), the deadline passes, or the
+    // dial is cancelled.
+    auto [wait_ec] = co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    lookup->waiting_dialer = nullptr;
+    if (!lookup->answered) {
+        resolver.cancel(); // best effort: a lookup already under way finishes unobserved
+        co_return fail(wait_ec ? std::error_code(asio::error::operation_aborted)
+                               : std::error_code(asio::error::timed_out));
+    }
+    if (lookup->ec) co_return fail(lookup->ec);
+    co_return co_await connect_first(socket_executor, std::move(lookup->results), timer);
+}
+
+/// The body every dial runs in. Every cancellation type is honoured (a dial that stops has
+/// no effect the caller could see), cancellation is reported as operation_aborted rather
+/// than thrown, and a cancellation that arrived before the start stops the dial at once.
+inline asio::awaitable<dial_outcome> run_dial(asio::any_io_executor socket_executor,
+                                              asio::awaitable<dial_outcome> dial) {
+    // Must come first: co_awaiting a coroutine in a cancelled frame would otherwise throw.
+    co_await asio::this_coro::throw_if_cancelled(false);
+    const bool cancelled_early =
+        (co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none;
+    co_await asio::this_coro::reset_cancellation_state(asio::enable_total_cancellation());
+    if (cancelled_early)
+        co_return dial_outcome{asio::error::operation_aborted,
+                               asio::ip::tcp::socket(socket_executor)};
+    co_return co_await std::move(dial);
+}
+
+/// Starts `make_dial(deadline)` on a private strand (so the deadline timer, the lookup
+/// handler, cancellation and the dial never run concurrently on a multi-threaded executor)
+/// and completes `token` with `(error_code, socket)`.
+template <class Token, class MakeDial>
+auto async_dial(asio::any_io_executor executor, hivemesh::duration timeout, MakeDial make_dial,
+                Token&& token) {
+    return asio::async_initiate<Token, void(std::error_code, asio::ip::tcp::socket)>(
+        [executor, timeout](auto handler, MakeDial make) {
+            using handler_type = std::decay_t<decltype(handler)>;
+            // The deadline counts from initiation, which for deferred tokens is the launch.
+            auto dial = run_dial(executor, make(deadline_after(timeout)));
+            const asio::any_io_executor strand = asio::make_strand(executor);
+            auto caller_slot = asio::get_associated_cancellation_slot(handler);
+            if (!caller_slot.is_connected()) {
+                asio::co_spawn(strand, std::move(dial),
+                               dial_completion<handler_type>(std::move(handler)));
+                return;
+            }
+            auto dial_signal = std::make_shared<asio::cancellation_signal>();
+            caller_slot.template emplace<cancellation_relay>(strand, dial_signal);
+            const asio::cancellation_slot dial_slot = dial_signal->slot();
+            asio::co_spawn(strand, std::move(dial),
+                           asio::bind_cancellation_slot(
+                               dial_slot, dial_completion<handler_type>(std::move(handler),
+                                                                        std::move(dial_signal))));
+        },
+        token, std::move(make_dial));
+}
+
+} // namespace detail
+
+/// A socket accepting TCP connections, like asio::ip::tcp::acceptor plus the connection
+/// options. Not thread-safe: use one from one strand at a time, like any Asio object.
+/// It must outlive its pending accepts (close() completes them first).
+class listener {
+public:
+    using executor_type = asio::any_io_executor;
+    using endpoint_type = asio::ip::tcp::endpoint;
+    using socket_type = asio::ip::tcp::socket;
+
+    /// Listens on `local` (port 0: an ephemeral port, see local_endpoint()). Sets
+    /// SO_REUSEADDR, so a restarted peer can listen while old connections linger in
+    /// TIME_WAIT, and on IPv6 sockets IPV6_V6ONLY, so [::] and 0.0.0.0 can be bound on the
+    /// same port by two listeners instead of the v6 one taking IPv4 as mapped addresses.
+    /// Throws std::system_error (e.g. address_in_use, address_not_available).
+    listener(const executor_type& executor, const endpoint_type& local)
+        : acceptor_(executor) {
+        std::error_code ec;
+        open(local, ec);
+        if (ec) {
+            std::string where =
+                local.address().to_string() + " port " + std::to_string(local.port());
+            throw std::system_error(ec, "hivemesh: cannot listen on " + where);
+        }
+    }
+
+    /// As above, reporting failure in `ec`; the listener is then closed.
+    listener(const executor_type& executor, const endpoint_type& local, std::error_code& ec)
+        : acceptor_(executor) {
+        open(local, ec);
+    }
+
+    executor_type get_executor() noexcept { return acceptor_.get_executor(); }
+    bool is_open() const noexcept { return acceptor_.is_open(); }
+
+    /// The bound endpoint, with the actual port when 0 was asked for.
+    const endpoint_type& local_endpoint() const noexcept { return local_; }
+
+    /// Accepts one connection, with the connection options applied.
+    ///
+    /// Completion: `void(std::error_code, asio::ip::tcp::socket)`. Errors are Asio's:
+    /// operation_aborted after close() or cancellation, bad_descriptor on a closed listener,
+    /// too_many_files_open and the like; the listener stays usable after an error unless
+    /// it was closed. A connection whose options cannot be set is closed and reported as
+    /// that error. The socket's executor is the listener's.
+    /// Cancellation: per-operation (terminal, partial and total), as the acceptor supports.
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, socket_type)) Token>
+    auto async_accept(Token&& token) {
+        return asio::async_initiate<Token, void(std::error_code, socket_type)>(
+            [this](auto handler) {
+                using handler_type = std::decay_t<decltype(handler)>;
+                acceptor_.async_accept(acceptor_.get_executor(),
+                                       detail::accept_completion<handler_type>(std::move(handler)));
+            },
+            token);
+    }
+
+    /// Stops listening; pending accepts complete with operation_aborted.
+    void close() noexcept {
+        std::error_code ignored;
+        acceptor_.close(ignored);
+    }
+
+private:
+    void open(const endpoint_type& local, std::error_code& ec) {
+        ec.clear();
+        acceptor_.open(local.protocol(), ec);
+        if (!ec && local.address().is_v6()) acceptor_.set_option(asio::ip::v6_only(true), ec);
+        if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+        if (!ec) acceptor_.bind(local, ec);
+        if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+        if (!ec) local_ = acceptor_.local_endpoint(ec);
+        if (ec) close();
+    }
+
+    asio::ip::tcp::acceptor acceptor_;
+    endpoint_type local_;
+};
+
+/// The TCP transport: a factory of listeners and dialled sockets on one executor.
+/// Stateless apart from the executor and the default timeout, so it is thread-safe.
+class transport {
+public:
+    using executor_type = asio::any_io_executor;
+    using stream_type = asio::ip::tcp::socket;
+    using listener_type = tcp::listener;
+    using timer_type = asio::steady_timer;
+    using clock_type = hivemesh::wall_clock;
+    using endpoint_type = asio::ip::tcp::endpoint;
+
+    static constexpr hivemesh::duration default_connect_timeout = std::chrono::seconds(10);
+
+    /// A transport whose sockets and listeners use `executor`; dials without an explicit
+    /// timeout give up after `connect_timeout`.
+    explicit transport(executor_type executor,
+                       hivemesh::duration connect_timeout = default_connect_timeout)
+        : executor_(std::move(executor))
+        , connect_timeout_(connect_timeout) {}
+
+    executor_type executor() const noexcept { return executor_; }
+    hivemesh::duration connect_timeout() const noexcept { return connect_timeout_; }
+
+    /// Listens on `local` (see listener). Throws std::system_error.
+    listener_type listen(const endpoint_type& local) const {
+        return listener_type(executor_, local);
+    }
+    /// Listens on `local`, reporting failure in `ec` (the listener is then closed).
+    listener_type listen(const endpoint_type& local, std::error_code& ec) const {
+        return listener_type(executor_, local, ec);
+    }
+    /// Listens on an ip4 or ip6 address such as "/ip4/0.0.0.0/tcp/0"; its peer id, if any,
+    /// is ignored. Throws std::system_error: errc::invalid_argument for dns and sim.
+    listener_type listen(const peer_address& local) const {
+        const auto endpoint = to_endpoint(local);
+        if (!endpoint)
+            throw std::system_error(errc::invalid_argument,
+                                    "hivemesh: tcp can listen only on ip4 or ip6 addresses, not " +
+                                        local.to_string());
+        return listener_type(executor_, *endpoint);
+    }
+
+    /// Connects to `remote`, giving up after `timeout` (zero or less: at once).
+    ///
+    /// Completion: `void(std::error_code, asio::ip::tcp::socket)`; on success the socket is
+    /// connected with the connection options applied and uses executor(); on failure it is
+    /// closed. Errors are Asio's: connection_refused, timed_out when the deadline passes
+    /// first, network_unreachable, operation_aborted when cancelled, ...
+    /// Cancellation: per-operation, any type (terminal, partial, total): the attempt stops,
+    /// its socket is closed and the operation completes with operation_aborted.
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, stream_type)) Token>
+    auto async_connect(const endpoint_type& remote, hivemesh::duration timeout, Token&& token) {
+        return detail::async_dial(
+            executor_, timeout,
+            [socket_executor = executor_, remote](detail::steady_time deadline) {
+                return detail::dial_endpoint(socket_executor, remote, deadline);
+            },
+            std::forward<Token>(token));
+    }
+
+    /// As above with connect_timeout().
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, stream_type)) Token>
+    auto async_connect(const endpoint_type& remote, Token&& token) {
+        return async_connect(remote, connect_timeout_, std::forward<Token>(token));
+    }
+
+    /// Connects to the peer at `remote`, giving up after `timeout` in all (lookup included).
+    /// ip4 and ip6 addresses are dialled directly; dns names are resolved asynchronously
+    /// and the resulting endpoints tried in order until one connects. The peer id, if any,
+    /// is not checked here: proving who answered is the secure session's job.
+    ///
+    /// Completion and cancellation as for endpoints. Additional errors:
+    /// errc::invalid_argument for sim addresses (they belong to the simulated transport)
+    /// and invalid hosts; the resolver's errors (host_not_found, ...) for dns names. With
+    /// several endpoints the error is that of the last one tried. A lookup cannot be
+    /// interrupted: when the deadline passes or the dial is cancelled during one, the dial
+    /// completes at once and the lookup finishes unobserved in the background.
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, stream_type)) Token>
+    auto async_connect(const peer_address& remote, hivemesh::duration timeout, Token&& token) {
+        return detail::async_dial(
+            executor_, timeout,
+            [socket_executor = executor_, remote](detail::steady_time deadline) {
+                return detail::dial_address(socket_executor, remote, deadline);
+            },
+            std::forward<Token>(token));
+    }
+
+    /// As above with connect_timeout().
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, stream_type)) Token>
+    auto async_connect(const peer_address& remote, Token&& token) {
+        return async_connect(remote, connect_timeout_, std::forward<Token>(token));
+    }
+
+private:
+    executor_type executor_;
+    hivemesh::duration connect_timeout_;
+};
+
+} // namespace hivemesh::net::tcp
+
+// Completion handlers that wrap the user's handler forward its executor, allocator and
+// cancellation slot, so the wrapping is invisible to Asio and to the caller.
+template <template <typename, typename> class Associator, class Handler, class DefaultCandidate>
+struct asio::associator<Associator, hivemesh::net::tcp::detail::dial_completion<Handler>,
+                        DefaultCandidate> {
+    using type = typename Associator<Handler, DefaultCandidate>::type;
+    static type get(const hivemesh::net::tcp::detail::dial_completion<Handler>& h,
+                    const DefaultCandidate& c = DefaultCandidate()) noexcept {
+        return Associator<Handler, DefaultCandidate>::get(h.handler(), c);
+    }
+};
+
+template <template <typename, typename> class Associator, class Handler, class DefaultCandidate>
+struct asio::associator<Associator, hivemesh::net::tcp::detail::accept_completion<Handler>,
+                        DefaultCandidate> {
+    using type = typename Associator<Handler, DefaultCandidate>::type;
+    static type get(const hivemesh::net::tcp::detail::accept_completion<Handler>& h,
+                    const DefaultCandidate& c = DefaultCandidate()) noexcept {
+        return Associator<Handler, DefaultCandidate>::get(h.handler(), c);
+    }
+};

@@ -1,0 +1,76 @@
+// libFuzzer target: the secure handshake fed arbitrary messages. The first input byte picks
+// the step (bits 0-1: 0 message 1 to a listener, 1 message 2 to a dialer, 2 message 3 to a
+// listener that answered a valid hello) and the options (bit 2 plaintext, bit 3 swarm key);
+// the rest is the message. Every message must be refused with handshake_failed or accepted,
+// and an accepted message 2 or 3 must come from the fixed peer, whose keys the fuzzer does
+// not have. Identities and ephemeral keys are fixed (dialer_seed ...) so that make_corpus.cpp
+// can seed the corpus with the valid messages.
+#include <hivemesh/crypto/secure_channel.hpp>
+
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+
+namespace {
+
+constexpr std::uint8_t dialer_seed = 0x01, listener_seed = 0x02;
+constexpr std::uint8_t dialer_ephemeral_seed = 0x11, listener_ephemeral_seed = 0x22;
+constexpr std::uint8_t swarm_key_byte = 0x33;
+
+std::array<std::byte, 32> filled(std::uint8_t value) {
+    std::array<std::byte, 32> bytes;
+    bytes.fill(std::byte{value});
+    return bytes;
+}
+
+hivemesh::crypto::secure_options options_for(std::uint8_t selector, std::uint8_t ephemeral) {
+    hivemesh::crypto::secure_options options;
+    options.plaintext = (selector & 4) != 0;
+    if (selector & 8) options.swarm_key = filled(swarm_key_byte);
+    options.ephemeral_seed_for_testing = filled(ephemeral);
+    return options;
+}
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    using namespace hivemesh::crypto;
+    if (size == 0) return 0;
+    static const identity dialer_identity = identity::from_seed(filled(dialer_seed));
+    static const identity listener_identity = identity::from_seed(filled(listener_seed));
+    const std::uint8_t selector = data[0];
+    const hivemesh::byte_view message(reinterpret_cast<const std::byte*>(data + 1), size - 1);
+    const auto dialer_options = options_for(selector, dialer_ephemeral_seed);
+    const auto listener_options = options_for(selector, listener_ephemeral_seed);
+
+    handshake dialer(dialer_identity, role::dialer, dialer_options);
+    handshake listener(listener_identity, role::listener, listener_options);
+    hivemesh::byte_buffer out;
+    std::error_code ec;
+    switch (selector & 3) {
+    case 0:
+        ec = listener.on_message(message, out);
+        if (!ec && out.size() != 145) std::abort();
+        break;
+    case 1: {
+        hivemesh::byte_buffer hello;
+        if (dialer.start(hello)) std::abort();
+        ec = dialer.on_message(message, out);
+        if (!ec &&
+            (!dialer.done() || out.size() != 112 || dialer.remote_id() != listener_identity.id()))
+            std::abort();
+        break;
+    }
+    default: {
+        hivemesh::byte_buffer hello, reply;
+        if (dialer.start(hello) || listener.on_message(hello, reply)) std::abort();
+        ec = listener.on_message(message, out);
+        if (!ec &&
+            (!listener.done() || !out.empty() || listener.remote_id() != dialer_identity.id()))
+            std::abort();
+        break;
+    }
+    }
+    if (ec && ec != hivemesh::errc::handshake_failed) std::abort();
+    return 0;
+}

@@ -1,0 +1,448 @@
+#include <hivemesh/core/random.hpp>
+#include <hivemesh/net/secure_stream.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/local/connect_pair.hpp>
+#include <asio/local/stream_protocol.hpp>
+#include <asio/read.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <utility>
+#include <vector>
+
+using hivemesh::byte_buffer;
+using hivemesh::byte_view;
+using hivemesh::errc;
+using hivemesh::crypto::cipher;
+using hivemesh::crypto::identity;
+using hivemesh::crypto::role;
+using hivemesh::crypto::secure_options;
+using hivemesh::net::secure_stream;
+using unix_socket = asio::local::stream_protocol::socket;
+using tcp_socket = asio::ip::tcp::socket;
+
+namespace {
+
+identity identity_of(std::uint8_t fill) {
+    return identity::from_seed(byte_buffer(32, std::byte{fill}));
+}
+
+byte_buffer pattern(std::size_t size, std::uint64_t seed) {
+    hivemesh::random_generator rng(seed);
+    byte_buffer out(size);
+    for (auto& b : out)
+        b = static_cast<std::byte>(rng() & 0xFF);
+    return out;
+}
+
+bool same(byte_view a, byte_view b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+}
+
+/// Runs coroutines on `context` until all finish; rethrows the first exception (a failed
+/// REQUIRE inside a coroutine). The time limit only stops a hung test; it asserts nothing.
+void run_all(asio::io_context& context, std::vector<asio::awaitable<void>> tasks) {
+    std::size_t finished = 0;
+    std::exception_ptr failure;
+    const std::size_t count = tasks.size();
+    for (auto& task : tasks)
+        asio::co_spawn(context, std::move(task), [&](std::exception_ptr e) {
+            if (e && !failure) failure = e;
+            ++finished;
+        });
+    context.run_for(std::chrono::minutes(2));
+    context.restart();
+    if (failure) std::rethrow_exception(failure);
+    REQUIRE(finished == count);
+}
+
+std::pair<unix_socket, unix_socket> unix_pair(asio::io_context& context) {
+    unix_socket a(context), b(context);
+    asio::local::connect_pair(a, b);
+    return {std::move(a), std::move(b)};
+}
+
+std::pair<tcp_socket, tcp_socket> tcp_pair(asio::io_context& context) {
+    asio::ip::tcp::acceptor acceptor(context, {asio::ip::make_address("127.0.0.1"), 0});
+    tcp_socket a(context), b(context);
+    a.connect(acceptor.local_endpoint());
+    acceptor.accept(b);
+    a.set_option(asio::ip::tcp::no_delay(true));
+    b.set_option(asio::ip::tcp::no_delay(true));
+    return {std::move(a), std::move(b)};
+}
+
+template <class Socket>
+struct connected {
+    secure_stream<Socket> dialer;
+    secure_stream<Socket> listener;
+};
+
+/// Handshakes both ends concurrently; returns (dialer error, listener error).
+template <class Socket>
+std::pair<std::error_code, std::error_code>
+handshake_both(asio::io_context& context, connected<Socket>& ends, const identity& dialer_identity,
+               const identity& listener_identity, const secure_options& dialer_options = {},
+               const secure_options& listener_options = {},
+               std::optional<hivemesh::crypto::peer_id> expected = {}) {
+    std::error_code dialer_error, listener_error;
+    // A coroutine lambda's captures live in the closure: keep it alive while it runs.
+    const auto dial = [&]() -> asio::awaitable<void> {
+        dialer_error =
+            co_await ends.dialer.handshake(role::dialer, dialer_identity, expected, dialer_options);
+        if (dialer_error) ends.dialer.close(); // as a transport would on failure
+    };
+    const auto listen = [&]() -> asio::awaitable<void> {
+        listener_error = co_await ends.listener.handshake(role::listener, listener_identity, {},
+                                                          listener_options);
+        if (listener_error) ends.listener.close();
+    };
+    std::vector<asio::awaitable<void>> tasks;
+    tasks.push_back(dial());
+    tasks.push_back(listen());
+    run_all(context, std::move(tasks));
+    return {dialer_error, listener_error};
+}
+
+std::vector<byte_buffer> test_messages(std::uint64_t seed) {
+    std::vector<byte_buffer> messages;
+    for (std::size_t size :
+         {std::size_t{0}, std::size_t{1}, std::size_t{64 * 1024}, std::size_t{(1 << 20) + 3}})
+        messages.push_back(pattern(size, seed + size));
+    for (std::size_t i = 0; i < 300; ++i) // many small records share each read
+        messages.push_back(pattern(i % 97, seed * 1000 + i));
+    return messages;
+}
+
+template <class Socket>
+asio::awaitable<void> send_all(secure_stream<Socket>& stream,
+                               const std::vector<byte_buffer>& messages, bool one_write) {
+    // co_await stays out of the assertion macros: they repeat their expression in an
+    // unevaluated branch, and g++ 12 mis-compiles co_await there.
+    std::error_code ec;
+    if (one_write) {
+        const std::vector<byte_view> views(messages.begin(), messages.end());
+        ec = co_await stream.write(views);
+        CHECK_FALSE(ec);
+    } else {
+        for (const auto& message : messages) {
+            ec = co_await stream.write(byte_view(message));
+            CHECK_FALSE(ec);
+        }
+    }
+    ec = co_await stream.shutdown();
+    CHECK_FALSE(ec);
+    ec = co_await stream.write(byte_view(messages[1]));
+    CHECK(ec == errc::connection_closed);
+}
+
+template <class Socket>
+asio::awaitable<void> receive_all(secure_stream<Socket>& stream,
+                                  const std::vector<byte_buffer>& expected) {
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+        byte_view message;
+        const auto ec = co_await stream.read(message);
+        CAPTURE(i, ec.message());
+        REQUIRE_FALSE(ec);
+        REQUIRE(message.size() == expected[i].size());
+        CHECK(same(message, expected[i]));
+    }
+    byte_view message;
+    auto ec = co_await stream.read(message);
+    CHECK(ec == asio::error::eof);
+    ec = co_await stream.read(message);
+    CHECK(ec == asio::error::eof); // sticky
+}
+
+template <class Socket>
+void exchange_everything(asio::io_context& context, connected<Socket>& ends, bool one_write) {
+    const auto to_listener = test_messages(1), to_dialer = test_messages(2);
+    std::vector<asio::awaitable<void>> tasks;
+    tasks.push_back(send_all(ends.dialer, to_listener, one_write));
+    tasks.push_back(receive_all(ends.listener, to_listener));
+    tasks.push_back(send_all(ends.listener, to_dialer, one_write));
+    tasks.push_back(receive_all(ends.dialer, to_dialer));
+    run_all(context, std::move(tasks));
+}
+
+template <class Socket, class MakePair>
+void check_round_trips(MakePair make_pair) {
+    const auto alice = identity_of(1), bob = identity_of(2);
+    struct mode {
+        bool plaintext, aes;
+    };
+    for (const mode m : {mode{false, true}, mode{false, false}, mode{true, false}}) {
+        for (const bool one_write : {true, false}) {
+            CAPTURE(m.plaintext, m.aes, one_write);
+            asio::io_context context;
+            auto [a, b] = make_pair(context);
+            connected<Socket> ends{secure_stream<Socket>(std::move(a)),
+                                   secure_stream<Socket>(std::move(b))};
+            secure_options options;
+            options.plaintext = m.plaintext;
+            options.allow_aes_gcm = m.aes;
+            const auto [dialer_error, listener_error] =
+                handshake_both(context, ends, alice, bob, options, options, bob.id());
+            REQUIRE_FALSE(dialer_error);
+            REQUIRE_FALSE(listener_error);
+            CHECK(ends.dialer.remote_id() == bob.id());
+            CHECK(ends.listener.remote_id() == alice.id());
+            CHECK(ends.listener.remote_key() == alice.public_key());
+            const cipher expected = m.plaintext ? cipher::plaintext
+                                    : m.aes && hivemesh::crypto::aes256_gcm_available()
+                                        ? cipher::aes256_gcm
+                                        : cipher::chacha20_poly1305;
+            CHECK(ends.dialer.cipher() == expected);
+            CHECK(ends.listener.cipher() == expected);
+            exchange_everything(context, ends, one_write);
+        }
+    }
+}
+
+/// Writes raw bytes on a plain socket.
+template <class Socket>
+asio::awaitable<void> write_raw(Socket& socket, byte_buffer bytes) {
+    std::error_code ec;
+    co_await asio::async_write(socket, asio::buffer(bytes),
+                               asio::redirect_error(asio::use_awaitable, ec));
+}
+
+byte_buffer le32(std::uint32_t value) {
+    byte_buffer out(4);
+    for (int i = 0; i < 4; ++i)
+        out[static_cast<std::size_t>(i)] = static_cast<std::byte>(value >> (8 * i));
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("secure_stream carries messages of every size both ways over Unix sockets",
+          "[net][secure_stream]") {
+    check_round_trips<unix_socket>([](asio::io_context& c) { return unix_pair(c); });
+}
+
+TEST_CASE("secure_stream carries messages of every size both ways over loopback TCP",
+          "[net][secure_stream]") {
+    check_round_trips<tcp_socket>([](asio::io_context& c) { return tcp_pair(c); });
+}
+
+TEST_CASE("a listener refuses a raw socket that writes garbage", "[net][secure_stream]") {
+    const auto bob = identity_of(2);
+    hivemesh::random_generator rng(99);
+    std::vector<byte_buffer> garbage_inputs;
+    garbage_inputs.push_back(pattern(200, rng())); // random length header
+    auto plausible = le32(39);                     // right size, random hello
+    const auto body = pattern(39, rng());
+    plausible.insert(plausible.end(), body.begin(), body.end());
+    garbage_inputs.push_back(plausible);
+    auto long_frame = le32(4097); // over the frame limit
+    long_frame.resize(4 + 4097);
+    garbage_inputs.push_back(long_frame);
+    garbage_inputs.push_back(le32(0)); // empty frame
+    for (const auto& garbage : garbage_inputs) {
+        asio::io_context context;
+        auto [raw, accepted] = tcp_pair(context);
+        secure_stream<tcp_socket> listener(std::move(accepted));
+        std::error_code ec, read_error;
+        const auto listen = [&]() -> asio::awaitable<void> {
+            ec = co_await listener.handshake(role::listener, bob);
+            byte_view message;
+            read_error = co_await listener.read(message);
+        };
+        std::vector<asio::awaitable<void>> tasks;
+        tasks.push_back(write_raw(raw, garbage));
+        tasks.push_back(listen());
+        run_all(context, std::move(tasks));
+        CHECK(ec == errc::handshake_failed);
+        CHECK(read_error == errc::handshake_failed); // the stream stays failed
+        CHECK_THROWS_AS(listener.remote_id(), std::logic_error);
+    }
+}
+
+TEST_CASE("secure_stream refuses bad records from an authenticated peer", "[net][secure_stream]") {
+    const auto alice = identity_of(1), bob = identity_of(2);
+    struct bad_record {
+        byte_buffer bytes;
+        errc expected;
+    };
+    auto forged = le32(100);
+    forged.resize(104, std::byte{0x5A});
+    std::vector<bad_record> cases;
+    cases.push_back({le32(0xFFFFFFFF), errc::message_too_large});
+    cases.push_back({le32(4096 + 1), errc::message_too_large});
+    cases.push_back({le32(3), errc::protocol_violation});
+    cases.push_back({forged, errc::authentication_failed});
+    for (const auto& c : cases) {
+        asio::io_context context;
+        auto [a, b] = unix_pair(context);
+        connected<unix_socket> ends{secure_stream<unix_socket>(std::move(a)),
+                                    secure_stream<unix_socket>(std::move(b))};
+        secure_options options;
+        options.max_record_size = 4096;
+        const auto errors = handshake_both(context, ends, alice, bob, options, options);
+        REQUIRE_FALSE(errors.first);
+        REQUIRE_FALSE(errors.second);
+        std::error_code first, second;
+        const auto receive = [&]() -> asio::awaitable<void> {
+            byte_view message;
+            first = co_await ends.listener.read(message);
+            second = co_await ends.listener.read(message);
+        };
+        std::vector<asio::awaitable<void>> tasks;
+        tasks.push_back(write_raw(ends.dialer.next_layer(), c.bytes));
+        tasks.push_back(receive());
+        run_all(context, std::move(tasks));
+        CHECK(first == c.expected);
+        CHECK(second == c.expected);
+    }
+}
+
+TEST_CASE("secure_stream refuses to send an oversized message", "[net][secure_stream]") {
+    const auto alice = identity_of(1), bob = identity_of(2);
+    asio::io_context context;
+    auto [a, b] = unix_pair(context);
+    connected<unix_socket> ends{secure_stream<unix_socket>(std::move(a)),
+                                secure_stream<unix_socket>(std::move(b))};
+    secure_options options;
+    options.max_record_size = 4096;
+    REQUIRE_FALSE(handshake_both(context, ends, alice, bob, options, options).first);
+    std::error_code too_large, after;
+    const auto exchange = [&]() -> asio::awaitable<void> {
+        const byte_buffer big(4096), fine(10);
+        const std::vector<byte_view> batch{fine, big};
+        too_large = co_await ends.dialer.write(batch);
+        after = co_await ends.dialer.write(byte_view(fine));
+        byte_view message;
+        const auto ec = co_await ends.listener.read(message); // only `fine` went out
+        CHECK_FALSE(ec);
+        CHECK(message.size() == 10);
+    };
+    std::vector<asio::awaitable<void>> tasks;
+    tasks.push_back(exchange());
+    run_all(context, std::move(tasks));
+    CHECK(too_large == errc::message_too_large);
+    CHECK_FALSE(after);
+}
+
+TEST_CASE("a stream that ends without a close record is truncated", "[net][secure_stream]") {
+    const auto alice = identity_of(1), bob = identity_of(2);
+    asio::io_context context;
+    auto [a, b] = unix_pair(context);
+    connected<unix_socket> ends{secure_stream<unix_socket>(std::move(a)),
+                                secure_stream<unix_socket>(std::move(b))};
+    REQUIRE_FALSE(handshake_both(context, ends, alice, bob).first);
+    std::error_code first, second;
+    const auto exchange = [&]() -> asio::awaitable<void> {
+        const auto ec = co_await ends.dialer.write(hivemesh::as_bytes("last words"));
+        CHECK_FALSE(ec);
+        ends.dialer.close(); // no shutdown(): no close record
+        byte_view message;
+        first = co_await ends.listener.read(message);
+        CHECK(hivemesh::as_string_view(message) == "last words");
+        second = co_await ends.listener.read(message);
+    };
+    std::vector<asio::awaitable<void>> tasks;
+    tasks.push_back(exchange());
+    run_all(context, std::move(tasks));
+    CHECK_FALSE(first);
+    CHECK(second == errc::connection_truncated);
+}
+
+TEST_CASE("the handshake fails promptly when the connection goes away", "[net][secure_stream]") {
+    const auto alice = identity_of(1), bob = identity_of(2);
+    SECTION("peer closes in the middle of a frame") {
+        asio::io_context context;
+        auto sockets = unix_pair(context); // no structured binding: lambdas capture it
+        auto& raw = sockets.first;
+        secure_stream<unix_socket> listener(std::move(sockets.second));
+        std::error_code ec;
+        const auto hang_up = [&]() -> asio::awaitable<void> {
+            auto partial = le32(39);
+            partial.resize(14);
+            co_await write_raw(raw, partial);
+            raw.close();
+        };
+        const auto listen = [&]() -> asio::awaitable<void> {
+            ec = co_await listener.handshake(role::listener, bob);
+        };
+        std::vector<asio::awaitable<void>> tasks;
+        tasks.push_back(hang_up());
+        tasks.push_back(listen());
+        run_all(context, std::move(tasks));
+        CHECK(ec == errc::connection_closed);
+    }
+    SECTION("listener reads the hello and hangs up") {
+        asio::io_context context;
+        auto sockets = unix_pair(context);
+        auto& raw = sockets.second;
+        secure_stream<unix_socket> dialer(std::move(sockets.first));
+        std::error_code ec;
+        const auto hang_up = [&]() -> asio::awaitable<void> {
+            byte_buffer hello(4 + 39);
+            co_await asio::async_read(raw, asio::buffer(hello), asio::use_awaitable);
+            raw.close();
+        };
+        const auto dial = [&]() -> asio::awaitable<void> {
+            ec = co_await dialer.handshake(role::dialer, alice, bob.id());
+        };
+        std::vector<asio::awaitable<void>> tasks;
+        tasks.push_back(hang_up());
+        tasks.push_back(dial());
+        run_all(context, std::move(tasks));
+        CHECK(ec == errc::connection_closed);
+    }
+    SECTION("closing our own stream from a timer cancels the handshake") {
+        asio::io_context context;
+        auto [dialing, silent] = unix_pair(context);
+        secure_stream<unix_socket> dialer(std::move(dialing));
+        std::error_code ec;
+        const auto deadline = [&]() -> asio::awaitable<void> {
+            asio::steady_timer timer(context, std::chrono::milliseconds(20));
+            co_await timer.async_wait(asio::use_awaitable);
+            dialer.close();
+        };
+        const auto dial = [&]() -> asio::awaitable<void> {
+            ec = co_await dialer.handshake(role::dialer, alice, bob.id());
+        };
+        std::vector<asio::awaitable<void>> tasks;
+        tasks.push_back(deadline());
+        tasks.push_back(dial());
+        run_all(context, std::move(tasks));
+        CHECK(ec == asio::error::operation_aborted);
+    }
+}
+
+TEST_CASE("secure_stream reports the wrong peer and a foreign swarm", "[net][secure_stream]") {
+    const auto alice = identity_of(1), bob = identity_of(2), mallory = identity_of(3);
+    {
+        asio::io_context context;
+        auto [a, b] = tcp_pair(context);
+        connected<tcp_socket> ends{secure_stream<tcp_socket>(std::move(a)),
+                                   secure_stream<tcp_socket>(std::move(b))};
+        const auto [dialer_error, listener_error] =
+            handshake_both(context, ends, alice, mallory, {}, {}, bob.id());
+        CHECK(dialer_error == errc::peer_id_mismatch);
+        CHECK(listener_error == errc::connection_closed); // the dialer hung up
+    }
+    {
+        asio::io_context context;
+        auto [a, b] = tcp_pair(context);
+        connected<tcp_socket> ends{secure_stream<tcp_socket>(std::move(a)),
+                                   secure_stream<tcp_socket>(std::move(b))};
+        secure_options swarm;
+        swarm.swarm_key = std::array<std::byte, 32>{std::byte{7}};
+        const auto [dialer_error, listener_error] =
+            handshake_both(context, ends, alice, bob, {}, swarm, bob.id());
+        CHECK(dialer_error == errc::handshake_failed);
+        CHECK(listener_error == errc::connection_closed);
+    }
+}

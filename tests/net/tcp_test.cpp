@@ -1,0 +1,578 @@
+// TCP transport tests. Only loopback addresses (127.0.0.0/8, ::1) are ever dialled.
+#include <hivemesh/net/tcp.hpp>
+
+#include <asio.hpp>
+#include <asio/experimental/deferred.hpp>
+#include <asio/experimental/parallel_group.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <future>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using asio::ip::tcp;
+using hivemesh::errc;
+using hivemesh::crypto::peer_id;
+using hivemesh::net::peer_address;
+using hivemesh::net::tcp::listener;
+using hivemesh::net::tcp::transport;
+namespace ex = asio::experimental;
+
+namespace {
+
+const asio::ip::address loopback_v4 = asio::ip::address_v4::loopback();
+const asio::ip::address loopback_v6 = asio::ip::address_v6::loopback();
+
+// Generous bound on every test's io_context run: a hang (say, a cancellation that is not
+// delivered) fails the test instead of stalling CI. Nothing asserts how fast things are.
+constexpr auto watchdog = 60s;
+
+/// Runs `body` on `io` to completion, rethrowing its exception (a failed REQUIRE).
+void run(asio::io_context& io, asio::awaitable<void> body) {
+    io.restart(); // in case an earlier run() ran out of work
+    std::exception_ptr failure;
+    bool finished = false;
+    asio::co_spawn(io, std::move(body), [&](std::exception_ptr e) {
+        failure = e;
+        finished = true;
+    });
+    io.run_for(watchdog);
+    if (failure) std::rethrow_exception(failure);
+    REQUIRE(finished);
+}
+
+bool ipv6_loopback_available() {
+    asio::io_context io;
+    tcp::acceptor probe(io);
+    std::error_code ec;
+    probe.open(tcp::v6(), ec);
+    if (!ec) probe.bind(tcp::endpoint(loopback_v6, 0), ec);
+    return !ec;
+}
+
+/// True if "localhost" resolves, and only to loopback addresses: tests dial it only then.
+bool localhost_is_loopback_only() {
+    asio::io_context io;
+    tcp::resolver resolver(io);
+    std::error_code ec;
+    const auto results = resolver.resolve("localhost", "1", ec);
+    if (ec || results.empty()) return false;
+    for (const auto& entry : results)
+        if (!entry.endpoint().address().is_loopback()) return false;
+    return true;
+}
+
+bool no_delay(tcp::socket& s) {
+    tcp::no_delay option;
+    s.get_option(option);
+    return option.value();
+}
+
+std::vector<std::uint8_t> pattern(std::size_t size, std::uint8_t seed) {
+    std::vector<std::uint8_t> out(size);
+    for (std::size_t i = 0; i < size; ++i)
+        out[i] = static_cast<std::uint8_t>(seed + i * 31 + (i >> 9));
+    return out;
+}
+
+/// Accepts on `l` while dialling `target` with `dial(token)`; returns {server, client}.
+template <class Dial>
+asio::awaitable<std::pair<tcp::socket, tcp::socket>> accept_and_dial(listener& l, Dial dial) {
+    auto [order, accept_ec, server, connect_ec, client] =
+        co_await ex::make_parallel_group(l.async_accept(ex::deferred), dial(ex::deferred))
+            .async_wait(ex::wait_for_all(), asio::use_awaitable);
+    (void)order;
+    REQUIRE_FALSE(accept_ec);
+    REQUIRE_FALSE(connect_ec);
+    co_return std::pair{std::move(server), std::move(client)};
+}
+
+/// Sends `size` bytes each way at once and checks both arrive intact.
+asio::awaitable<void> exchange_both_ways(tcp::socket& a, tcp::socket& b, std::size_t size) {
+    const auto a_to_b = pattern(size, 1);
+    const auto b_to_a = pattern(size, 2);
+    std::vector<std::uint8_t> at_b(size), at_a(size);
+    auto [order, e1, n1, e2, n2, e3, n3, e4, n4] =
+        co_await ex::make_parallel_group(asio::async_write(a, asio::buffer(a_to_b), ex::deferred),
+                                         asio::async_write(b, asio::buffer(b_to_a), ex::deferred),
+                                         asio::async_read(b, asio::buffer(at_b), ex::deferred),
+                                         asio::async_read(a, asio::buffer(at_a), ex::deferred))
+            .async_wait(ex::wait_for_one_error(), asio::use_awaitable);
+    (void)order;
+    REQUIRE_FALSE(e1);
+    REQUIRE_FALSE(e2);
+    REQUIRE_FALSE(e3);
+    REQUIRE_FALSE(e4);
+    CHECK(n1 == size);
+    CHECK(n2 == size);
+    CHECK(n3 == size);
+    CHECK(n4 == size);
+    CHECK(at_b == a_to_b);
+    CHECK(at_a == b_to_a);
+}
+
+/// Dials `target` on a fresh io_context and a listener bound to `listen_at`, then
+/// exchanges data; `dial` chooses the overload under test.
+template <class Dial>
+void check_connection(const tcp::endpoint& listen_at, Dial dial) {
+    asio::io_context io;
+    transport t(io.get_executor());
+    listener l = t.listen(listen_at);
+    REQUIRE(l.is_open());
+    CHECK(l.local_endpoint().address() == listen_at.address());
+    CHECK(l.local_endpoint().port() != 0);
+    run(io, [&]() -> asio::awaitable<void> {
+        auto [server, client] = co_await accept_and_dial(
+            l, [&](auto token) { return dial(t, l.local_endpoint(), std::move(token)); });
+        CHECK(client.remote_endpoint() == l.local_endpoint());
+        CHECK(server.remote_endpoint() == client.local_endpoint());
+        CHECK(no_delay(client));
+        CHECK(no_delay(server));
+        CHECK(client.get_executor() == t.executor());
+        CHECK(server.get_executor() == t.executor());
+        co_await exchange_both_ways(client, server, 256 * 1024);
+    }());
+}
+
+/// A loopback endpoint on which connects hang: a listener with a backlog of 0 that never
+/// accepts. Once its queue holds a connection Linux drops further SYNs, so a later dial
+/// waits for SYN retransmissions (the first after 1 s). `fill` holds the queued ones.
+struct unresponsive_listener {
+    explicit unresponsive_listener(asio::io_context& io)
+        : acceptor(io) {
+        acceptor.open(tcp::v4());
+        acceptor.bind(tcp::endpoint(loopback_v4, 0));
+        acceptor.listen(0);
+    }
+    tcp::endpoint endpoint() const { return acceptor.local_endpoint(); }
+
+    tcp::acceptor acceptor;
+    std::vector<tcp::socket> fill;
+};
+
+/// Dials `l` with a short deadline until a dial times out; returns how many connected first.
+std::size_t dial_until_timeout(asio::io_context& io, transport& t, unresponsive_listener& l) {
+    for (std::size_t attempt = 0; attempt < 64; ++attempt) {
+        std::optional<std::error_code> result;
+        std::optional<tcp::socket> socket;
+        t.async_connect(l.endpoint(), 200ms, [&](std::error_code ec, tcp::socket s) {
+            result = ec;
+            socket.emplace(std::move(s));
+        });
+        io.restart();
+        io.run_for(watchdog);
+        REQUIRE(result);
+        if (*result == asio::error::timed_out) {
+            CHECK_FALSE(socket->is_open());
+            return attempt;
+        }
+        REQUIRE_FALSE(*result); // queued by the kernel: connected
+        l.fill.push_back(std::move(*socket));
+    }
+    FAIL("no dial ever hung: could not exercise the deadline");
+    return 0;
+}
+
+} // namespace
+
+TEST_CASE("listen on 127.0.0.1:0, connect and exchange bytes both ways", "[net][tcp]") {
+    check_connection(tcp::endpoint(loopback_v4, 0), [](transport& t, tcp::endpoint ep, auto token) {
+        return t.async_connect(ep, 10s, std::move(token));
+    });
+}
+
+TEST_CASE("listen on [::1]:0, connect and exchange bytes both ways", "[net][tcp]") {
+    if (!ipv6_loopback_available()) {
+        WARN("no IPv6 loopback (::1) on this machine: IPv6 test skipped");
+        return;
+    }
+    check_connection(tcp::endpoint(loopback_v6, 0), [](transport& t, tcp::endpoint ep, auto token) {
+        return t.async_connect(ep, std::move(token)); // the transport's default timeout
+    });
+}
+
+TEST_CASE("dial by /ip4, /ip6 and /dns/localhost addresses", "[net][tcp]") {
+    const peer_id id = peer_id::from_public_key(hivemesh::byte_buffer(32, std::byte{4}));
+
+    SECTION("/ip4 with a PeerId (not checked by TCP)") {
+        check_connection(
+            tcp::endpoint(loopback_v4, 0), [&](transport& t, tcp::endpoint ep, auto token) {
+                const auto a = peer_address::from_string(
+                    "/ip4/127.0.0.1/tcp/" + std::to_string(ep.port()) + "/p2p/" + id.to_string());
+                return t.async_connect(a, 10s, std::move(token));
+            });
+    }
+    SECTION("/ip6") {
+        if (!ipv6_loopback_available()) {
+            WARN("no IPv6 loopback (::1) on this machine: /ip6 dial skipped");
+            return;
+        }
+        check_connection(tcp::endpoint(loopback_v6, 0), [](transport& t, tcp::endpoint ep,
+                                                           auto token) {
+            const auto a = peer_address::from_string("/ip6/::1/tcp/" + std::to_string(ep.port()));
+            return t.async_connect(a, std::move(token));
+        });
+    }
+    SECTION("/dns/localhost") {
+        if (!localhost_is_loopback_only()) {
+            WARN("localhost does not resolve to loopback addresses only: /dns test skipped");
+            return;
+        }
+        // If localhost also resolves to ::1, where nothing listens, that attempt is refused
+        // and the next endpoint is tried.
+        check_connection(
+            tcp::endpoint(loopback_v4, 0), [](transport& t, tcp::endpoint ep, auto token) {
+                const auto a =
+                    peer_address::from_string("/dns/localhost/tcp/" + std::to_string(ep.port()));
+                return t.async_connect(a, 10s, std::move(token));
+            });
+    }
+}
+
+TEST_CASE("a port nobody listens on refuses the connection", "[net][tcp]") {
+    asio::io_context io;
+    transport t(io.get_executor());
+    // A bound socket that does not listen keeps the port ours; SYNs to it get a reset.
+    tcp::socket reserved(io, tcp::endpoint(loopback_v4, 0));
+    const auto target = reserved.local_endpoint();
+
+    std::optional<std::error_code> by_endpoint, by_address;
+    bool socket_closed = false;
+    t.async_connect(target, 10s, [&](std::error_code ec, tcp::socket s) {
+        by_endpoint = ec;
+        socket_closed = !s.is_open();
+    });
+    t.async_connect(hivemesh::net::tcp::to_address(target), 10s,
+                    [&](std::error_code ec, tcp::socket) { by_address = ec; });
+    io.run_for(watchdog);
+    REQUIRE(by_endpoint);
+    REQUIRE(by_address);
+    CHECK(*by_endpoint == asio::error::connection_refused);
+    CHECK(*by_address == asio::error::connection_refused);
+    CHECK(socket_closed);
+}
+
+TEST_CASE("a dial that outlives its deadline fails with timed_out", "[net][tcp]") {
+    asio::io_context io;
+    transport t(io.get_executor());
+    unresponsive_listener hung(io);
+    const std::size_t queued = dial_until_timeout(io, t, hung);
+    INFO("connections queued before dials hung: " << queued);
+
+    SECTION("a second timed-out dial, by address") {
+        std::optional<std::error_code> result;
+        t.async_connect(hivemesh::net::tcp::to_address(hung.endpoint()), 100ms,
+                        [&](std::error_code ec, tcp::socket) { result = ec; });
+        io.restart();
+        io.run_for(watchdog);
+        REQUIRE(result);
+        CHECK(*result == asio::error::timed_out);
+    }
+    SECTION("a /dns/localhost dial shares one deadline between lookup and connect") {
+        if (!localhost_is_loopback_only()) {
+            WARN("localhost does not resolve to loopback addresses only: /dns test skipped");
+            return;
+        }
+        const auto a = peer_address::from_string("/dns/localhost/tcp/" +
+                                                 std::to_string(hung.endpoint().port()));
+        std::optional<std::error_code> timed_out, cancelled;
+        t.async_connect(a, 100ms, [&](std::error_code ec, tcp::socket) { timed_out = ec; });
+        // Cancelled as soon as the dial has started: usually during the lookup, otherwise
+        // during the connect; both must give operation_aborted.
+        asio::cancellation_signal signal;
+        t.async_connect(
+            a, 1h,
+            asio::bind_cancellation_slot(signal.slot(),
+                                         [&](std::error_code ec, tcp::socket) { cancelled = ec; }));
+        asio::post(io, [&] { signal.emit(asio::cancellation_type::terminal); });
+        io.restart();
+        io.run_for(watchdog);
+        REQUIRE(timed_out);
+        REQUIRE(cancelled);
+        CHECK(*timed_out == asio::error::timed_out);
+        CHECK(*cancelled == asio::error::operation_aborted);
+    }
+    SECTION("a per-operation cancellation stops it with operation_aborted") {
+        for (const auto type : {asio::cancellation_type::terminal, asio::cancellation_type::partial,
+                                asio::cancellation_type::total}) {
+            asio::cancellation_signal signal;
+            std::optional<std::error_code> result;
+            bool socket_closed = false;
+            t.async_connect(
+                hung.endpoint(), 1h,
+                asio::bind_cancellation_slot(signal.slot(), [&](std::error_code ec, tcp::socket s) {
+                    result = ec;
+                    socket_closed = !s.is_open();
+                }));
+            asio::steady_timer later(io, 20ms);
+            later.async_wait([&](std::error_code) { signal.emit(type); });
+            io.restart();
+            io.run_for(watchdog);
+            INFO("cancellation type " << static_cast<int>(type));
+            REQUIRE(result);
+            CHECK(*result == asio::error::operation_aborted);
+            CHECK(socket_closed);
+        }
+    }
+    SECTION("cancelling an awaited dial from its coroutine") {
+        run(io, [&]() -> asio::awaitable<void> {
+            asio::cancellation_signal signal;
+            asio::steady_timer later(co_await asio::this_coro::executor, 20ms);
+            later.async_wait(
+                [&](std::error_code) { signal.emit(asio::cancellation_type::terminal); });
+            auto [ec, socket] = co_await t.async_connect(
+                hung.endpoint(), 1h,
+                asio::bind_cancellation_slot(signal.slot(), ex::as_tuple(asio::use_awaitable)));
+            CHECK(ec == asio::error::operation_aborted);
+            CHECK_FALSE(socket.is_open());
+        }());
+    }
+}
+
+TEST_CASE("deadlines at the edges: zero, negative and the end of time", "[net][tcp]") {
+    asio::io_context io;
+    transport t(io.get_executor());
+    listener l = t.listen(tcp::endpoint(loopback_v4, 0));
+
+    // An expired deadline fails before anything is attempted, even with a listener there.
+    std::vector<std::error_code> results;
+    const auto record = [&](std::error_code ec, tcp::socket s) {
+        results.push_back(ec);
+        CHECK_FALSE(s.is_open());
+    };
+    t.async_connect(l.local_endpoint(), 0s, record);
+    t.async_connect(l.local_endpoint(), -5s, record);
+    t.async_connect(hivemesh::net::tcp::to_address(l.local_endpoint()), 0s, record);
+    t.async_connect(peer_address::from_string("/dns/localhost/tcp/1"), 0s, record);
+    io.run_for(watchdog);
+    REQUIRE(results.size() == 4);
+    for (const auto& ec : results)
+        CHECK(ec == asio::error::timed_out);
+
+    // A deadline too far away to add to now() saturates instead of overflowing.
+    run(io, [&]() -> asio::awaitable<void> {
+        auto [server, client] = co_await accept_and_dial(l, [&](auto token) {
+            return t.async_connect(l.local_endpoint(), hivemesh::duration::max(), std::move(token));
+        });
+        CHECK(client.is_open());
+        CHECK(server.is_open());
+    }());
+}
+
+TEST_CASE("sim and invalid addresses are refused with invalid_argument", "[net][tcp]") {
+    asio::io_context io;
+    transport t(io.get_executor());
+    const std::vector<peer_address> refused = {
+        peer_address::from_string("/sim/3/port/7"),
+        peer_address::sim(1, 1, peer_id::from_public_key(hivemesh::byte_buffer(32, std::byte{1}))),
+        {peer_address::protocol::ip4, "no.such.ip", 1, std::nullopt},
+        {peer_address::protocol::ip6, "::1%1", 1, std::nullopt},
+        {peer_address::protocol::dns, "bad..name", 1, std::nullopt},
+    };
+    std::vector<std::error_code> results;
+    for (const auto& a : refused)
+        t.async_connect(a, 10s, [&](std::error_code ec, tcp::socket s) {
+            results.push_back(ec);
+            CHECK_FALSE(s.is_open());
+        });
+    io.run_for(watchdog);
+    REQUIRE(results.size() == refused.size());
+    for (const auto& ec : results)
+        CHECK(ec == errc::invalid_argument);
+}
+
+TEST_CASE("use_future and callback tokens, from a thread outside the io_context", "[net][tcp]") {
+    asio::io_context io;
+    auto work = asio::make_work_guard(io);
+    std::thread runner([&] { io.run(); });
+    transport t(io.get_executor());
+    listener l = t.listen(tcp::endpoint(loopback_v4, 0));
+
+    // use_future on both sides, from a thread that is not running the io_context.
+    auto accepted = l.async_accept(asio::use_future);
+    auto connected = t.async_connect(l.local_endpoint(), 10s, asio::use_future);
+    tcp::socket client = connected.get();
+    tcp::socket server = accepted.get();
+    CHECK(client.is_open());
+    CHECK(server.is_open());
+    CHECK(no_delay(client));
+    CHECK(no_delay(server));
+
+    // A failing dial through use_future throws the error.
+    tcp::socket reserved(io, tcp::endpoint(loopback_v4, 0));
+    auto refused = t.async_connect(reserved.local_endpoint(), 10s, asio::use_future);
+    try {
+        refused.get();
+        FAIL("connected to a port nobody listens on");
+    } catch (const std::system_error& e) {
+        CHECK(e.code() == asio::error::connection_refused);
+    }
+
+    // A callback runs on the io_context's thread, never inside async_connect.
+    std::promise<std::thread::id> callback_thread;
+    t.async_connect(l.local_endpoint(), 10s, [&](std::error_code, tcp::socket) {
+        callback_thread.set_value(std::this_thread::get_id());
+    });
+    CHECK(callback_thread.get_future().get() == runner.get_id());
+
+    work.reset();
+    l.close();
+    runner.join();
+}
+
+TEST_CASE("many concurrent dials on a multi-threaded io_context", "[net][tcp]") {
+    asio::io_context io(2);
+    transport t(io.get_executor());
+    listener l = t.listen(tcp::endpoint(loopback_v4, 0));
+    constexpr int dials = 32;
+    std::atomic<int> accepted{0}, connected{0}, failures{0};
+
+    // The accept loop runs on one strand; the dials on the pool.
+    auto accept_strand = asio::make_strand(io);
+    std::vector<tcp::socket> servers;
+    asio::co_spawn(
+        accept_strand,
+        [&]() -> asio::awaitable<void> {
+            for (int i = 0; i < dials; ++i) {
+                auto [ec, s] = co_await l.async_accept(ex::as_tuple(asio::use_awaitable));
+                if (ec || !no_delay(s)) ++failures;
+                ++accepted;
+                servers.push_back(std::move(s));
+            }
+        },
+        asio::detached);
+    std::vector<std::optional<tcp::socket>> clients(dials);
+    for (int i = 0; i < dials; ++i)
+        t.async_connect(l.local_endpoint(), 10s, [&, i](std::error_code ec, tcp::socket s) {
+            if (ec || !no_delay(s)) ++failures;
+            ++connected;
+            clients[static_cast<std::size_t>(i)].emplace(std::move(s));
+        });
+
+    std::thread second([&] { io.run_for(watchdog); });
+    io.run_for(watchdog);
+    second.join();
+    CHECK(accepted == dials);
+    CHECK(connected == dials);
+    CHECK(failures == 0);
+}
+
+TEST_CASE("listeners: errors, v6_only, close and cancellation", "[net][tcp]") {
+    asio::io_context io;
+    transport t(io.get_executor());
+
+    SECTION("a port in use is reported, with an error code or an exception") {
+        listener first = t.listen(tcp::endpoint(loopback_v4, 0));
+        std::error_code ec;
+        listener second = t.listen(first.local_endpoint(), ec);
+        CHECK(ec == asio::error::address_in_use);
+        CHECK_FALSE(second.is_open());
+        try {
+            (void)t.listen(first.local_endpoint());
+            FAIL("listened twice on one port");
+        } catch (const std::system_error& e) {
+            CHECK(e.code() == asio::error::address_in_use);
+        }
+    }
+    SECTION("listening on an address: ip4 yes, dns and sim no") {
+        listener l = t.listen(peer_address::from_string("/ip4/127.0.0.1/tcp/0"));
+        CHECK(l.is_open());
+        CHECK(l.local_endpoint().address() == loopback_v4);
+        for (const auto* text : {"/dns/localhost/tcp/0", "/sim/1/port/0"}) {
+            try {
+                (void)t.listen(peer_address::from_string(text));
+                FAIL("listened on " << text);
+            } catch (const std::system_error& e) {
+                CHECK(e.code() == errc::invalid_argument);
+            }
+        }
+    }
+    SECTION("v6_only: [::] and 0.0.0.0 bind the same port side by side") {
+        if (!ipv6_loopback_available()) {
+            WARN("no IPv6 on this machine: v6_only test skipped");
+            return;
+        }
+        // Bound only, never dialled and closed at once.
+        listener v6 = t.listen(tcp::endpoint(asio::ip::address_v6::any(), 0));
+        std::error_code ec;
+        listener v4 =
+            t.listen(tcp::endpoint(asio::ip::address_v4::any(), v6.local_endpoint().port()), ec);
+        CHECK_FALSE(ec);
+        CHECK(v4.is_open());
+        CHECK(v4.local_endpoint().port() == v6.local_endpoint().port());
+    }
+    SECTION("close() completes a pending accept with operation_aborted") {
+        listener l = t.listen(tcp::endpoint(loopback_v4, 0));
+        std::optional<std::error_code> result;
+        l.async_accept([&](std::error_code ec, tcp::socket s) {
+            result = ec;
+            CHECK_FALSE(s.is_open());
+        });
+        asio::post(io, [&] { l.close(); });
+        io.run_for(watchdog);
+        REQUIRE(result);
+        CHECK(*result == asio::error::operation_aborted);
+        CHECK_FALSE(l.is_open());
+    }
+    SECTION("a cancelled accept leaves the listener usable") {
+        listener l = t.listen(tcp::endpoint(loopback_v4, 0));
+        asio::cancellation_signal signal;
+        std::optional<std::error_code> result;
+        l.async_accept(asio::bind_cancellation_slot(
+            signal.slot(), [&](std::error_code ec, tcp::socket) { result = ec; }));
+        asio::post(io, [&] { signal.emit(asio::cancellation_type::terminal); });
+        io.run_for(watchdog);
+        REQUIRE(result);
+        CHECK(*result == asio::error::operation_aborted);
+        CHECK(l.is_open());
+
+        run(io, [&]() -> asio::awaitable<void> {
+            auto [server, client] = co_await accept_and_dial(l, [&](auto token) {
+                return t.async_connect(l.local_endpoint(), 10s, std::move(token));
+            });
+            CHECK(server.is_open());
+        }());
+    }
+}
+
+TEST_CASE("endpoints and addresses convert both ways", "[net][tcp]") {
+    using hivemesh::net::tcp::to_address;
+    using hivemesh::net::tcp::to_endpoint;
+    const peer_id id = peer_id::from_public_key(hivemesh::byte_buffer(32, std::byte{8}));
+
+    CHECK(to_endpoint(peer_address::from_string("/ip4/127.0.0.1/tcp/80")) ==
+          tcp::endpoint(loopback_v4, 80));
+    CHECK(to_endpoint(peer_address::from_string("/ip6/::1/tcp/65535/p2p/" + id.to_string())) ==
+          tcp::endpoint(loopback_v6, 65535));
+    CHECK_FALSE(to_endpoint(peer_address::from_string("/dns/localhost/tcp/80")));
+    CHECK_FALSE(to_endpoint(peer_address::from_string("/sim/1/port/80")));
+    CHECK_FALSE(to_endpoint({peer_address::protocol::ip6, "fe80::1%1", 80, std::nullopt}));
+    CHECK_FALSE(to_endpoint({peer_address::protocol::ip4, "127.1", 80, std::nullopt}));
+
+    CHECK(to_address(tcp::endpoint(loopback_v4, 80)).to_string() == "/ip4/127.0.0.1/tcp/80");
+    CHECK(to_address(tcp::endpoint(loopback_v6, 1), id).to_string() ==
+          "/ip6/::1/tcp/1/p2p/" + id.to_string());
+    const auto mapped =
+        asio::ip::make_address_v6(asio::ip::v4_mapped, asio::ip::make_address_v4("10.1.2.3"));
+    CHECK(to_address(tcp::endpoint(mapped, 5)).to_string() == "/ip4/10.1.2.3/tcp/5");
+    asio::ip::address_v6 scoped = asio::ip::make_address_v6("fe80::1");
+    scoped.scope_id(2);
+    CHECK(to_address(tcp::endpoint(scoped, 5)).to_string() == "/ip6/fe80::1/tcp/5");
+
+    // Round trip through both conversions.
+    for (const auto* text :
+         {"/ip4/127.0.0.1/tcp/4242", "/ip6/2001:db8::1/tcp/1", "/ip4/0.0.0.0/tcp/0"}) {
+        const auto a = peer_address::from_string(text);
+        CHECK(to_address(*to_endpoint(a)) == a);
+    }
+}
