@@ -17,11 +17,11 @@
 #include <hivemesh/compression.hpp>
 #include <hivemesh/core.hpp>
 
+#include "bench_main.hpp"
+
 #include <benchmark/benchmark.h>
 
-#include <atomic>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -30,13 +30,13 @@
 
 namespace {
 
+using hivemesh::bench::fail;
+
 namespace hc = hivemesh::compression;
 
 constexpr std::int64_t size_1m = std::int64_t{1} << 20;
 constexpr std::int64_t size_16m = std::int64_t{1} << 24;
 constexpr std::uint64_t data_seed = 20240611;
-
-std::atomic<bool> any_error{false};
 
 /// N(0,1) floats, generated on first use: a filtered run never pays for the 16M tensor.
 const std::vector<float>& normal_data(std::size_t n) {
@@ -51,11 +51,6 @@ const std::vector<float>& normal_data(std::size_t n) {
             v = static_cast<float>(rng.normal());
     }
     return values;
-}
-
-void fail(benchmark::State& state, const std::string& message) {
-    any_error = true;
-    state.SkipWithError(message.c_str());
 }
 
 void set_throughput(benchmark::State& state, std::size_t n) {
@@ -156,14 +151,5 @@ void register_benchmarks() {
 } // namespace
 
 int main(int argc, char** argv) {
-    register_benchmarks();
-    benchmark::Initialize(&argc, argv);
-    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-    const std::size_t ran = benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
-    if (ran == 0) {
-        std::fputs("bench_compression: no benchmark matched the filter\n", stderr);
-        return 1;
-    }
-    return any_error ? 1 : 0;
+    return hivemesh::bench::run_main(argc, argv, "bench_compression", register_benchmarks);
 }

@@ -20,12 +20,12 @@
 #include <asio/use_future.hpp>
 #include <asio/write.hpp>
 
+#include "bench_main.hpp"
+
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <future>
 #include <optional>
 #include <thread>
@@ -33,19 +33,14 @@
 
 namespace {
 
+using hivemesh::bench::fail;
+
 using namespace hivemesh;
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
 
 constexpr int calls_per_batch = 2000;
 constexpr std::size_t bulk_message = std::size_t{1} << 20;
-
-std::atomic<bool> any_error{false};
-
-void fail(benchmark::State& state, const std::string& message) {
-    any_error = true;
-    state.SkipWithError(message.c_str());
-}
 
 /// An io_context on its own thread until destroyed.
 class io_thread {
@@ -299,14 +294,5 @@ void register_benchmarks() {
 } // namespace
 
 int main(int argc, char** argv) {
-    register_benchmarks();
-    benchmark::Initialize(&argc, argv);
-    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-    const std::size_t ran = benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
-    if (ran == 0) {
-        std::fputs("bench_net: no benchmark matched the filter\n", stderr);
-        return 1;
-    }
-    return any_error ? 1 : 0;
+    return hivemesh::bench::run_main(argc, argv, "bench_net", register_benchmarks);
 }

@@ -1,4 +1,5 @@
 #include "net/memory_channel.hpp"
+#include "net/test_support.hpp"
 
 #include <hivemesh/core/random.hpp>
 #include <hivemesh/net/mux.hpp>
@@ -18,6 +19,7 @@ using namespace hivemesh;
 using net::mux_connection;
 using net::mux_stream;
 using test::memory_channel;
+using test::pattern;
 
 namespace {
 
@@ -25,14 +27,6 @@ crypto::peer_id fake_id(std::uint8_t fill) {
     crypto::peer_id::bytes_type bytes{};
     bytes.fill(std::byte{fill});
     return crypto::peer_id(bytes);
-}
-
-byte_buffer pattern(std::size_t size, std::uint64_t seed) {
-    random_generator rng(seed);
-    byte_buffer out(size);
-    for (auto& b : out)
-        b = static_cast<std::byte>(rng() & 0xFF);
-    return out;
 }
 
 /// Spawns `coroutine` and rethrows anything it throws when the test inspects it.

@@ -1,4 +1,6 @@
 // The RPC suite: every case runs on the simulated network and on loopback TCP.
+#include "net/test_support.hpp"
+
 #include <hivemesh/core/random.hpp>
 #include <hivemesh/net/node.hpp>
 #include <hivemesh/net/sim.hpp>
@@ -16,6 +18,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,19 +27,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-byte_buffer pattern(std::size_t size, std::uint64_t seed) {
-    random_generator rng(seed);
-    byte_buffer out(size);
-    for (auto& b : out)
-        b = static_cast<std::byte>(rng() & 0xFF);
-    return out;
-}
-
-crypto::identity identity_of(std::uint8_t n) {
-    std::array<std::byte, 32> seed{};
-    seed.fill(std::byte{n});
-    return crypto::identity::from_seed(seed);
-}
+using test::identity_of;
+using test::pattern;
 
 /// Simulated network: virtual time, so timeouts of seconds cost nothing.
 struct sim_world {
@@ -157,6 +149,22 @@ void add_echo_to(Node& node) {
 template <class World>
 void add_echo(host<World>& h) {
     add_echo_to(*h.node);
+}
+
+/// A streaming method "sink" that hands every message to `on_message` and ends with ok.
+template <class World>
+void add_sink(host<World>& h, std::function<void(const byte_buffer&)> on_message) {
+    h.node->add_stream_handler("sink",
+                               [on_message](const net::call_context&, net::call_stream& stream)
+                                   -> asio::awaitable<std::error_code> {
+                                   while (true) {
+                                       byte_buffer m;
+                                       const auto ec = co_await stream.read(m);
+                                       if (ec == asio::error::eof) co_return std::error_code{};
+                                       if (ec) co_return ec;
+                                       on_message(m);
+                                   }
+                               });
 }
 
 template <class Coroutine>
@@ -398,17 +406,7 @@ TEMPLATE_TEST_CASE("a small call is answered while a large stream runs on the co
     host<TestType> server(world, 1), client(world, 2);
     add_echo(server);
     std::size_t received = 0;
-    server.node->add_stream_handler("sink",
-                                    [&](const net::call_context&, net::call_stream& stream)
-                                        -> asio::awaitable<std::error_code> {
-                                        while (true) {
-                                            byte_buffer m;
-                                            const auto ec = co_await stream.read(m);
-                                            if (ec == asio::error::eof) co_return std::error_code{};
-                                            if (ec) co_return ec;
-                                            received += m.size();
-                                        }
-                                    });
+    add_sink(server, [&](const byte_buffer& m) { received += m.size(); });
     constexpr std::size_t total = std::size_t{64} << 20;
     bool upload_done = false;
     bool small_answered_during_upload = false;
@@ -484,18 +482,10 @@ TEMPLATE_TEST_CASE("1 GiB streams through one call with bounded buffering", "[ne
     options.mux.initial_window = 4u << 20;
     host<TestType> server(world, 1, options), client(world, 2, options);
     std::uint64_t received = 0, checksum = 0;
-    server.node->add_stream_handler("sink",
-                                    [&](const net::call_context&, net::call_stream& stream)
-                                        -> asio::awaitable<std::error_code> {
-                                        while (true) {
-                                            byte_buffer m;
-                                            const auto ec = co_await stream.read(m);
-                                            if (ec == asio::error::eof) co_return std::error_code{};
-                                            if (ec) co_return ec;
-                                            received += m.size();
-                                            checksum += static_cast<std::uint8_t>(m[m.size() / 2]);
-                                        }
-                                    });
+    add_sink(server, [&](const byte_buffer& m) {
+        received += m.size();
+        checksum += static_cast<std::uint8_t>(m[m.size() / 2]);
+    });
     constexpr std::uint64_t total = std::uint64_t{1} << 30;
     constexpr std::size_t chunk_size = std::size_t{1} << 20;
     const auto chunk = pattern(chunk_size, 7);

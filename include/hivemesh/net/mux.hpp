@@ -254,13 +254,8 @@ public:
     /// connection_closed; cancellation of the awaiting coroutine gives errc::cancelled.
     asio::awaitable<std::error_code> open(mux_stream& out) {
         while (!closed_ && local_streams_ >= peer_.max_streams) {
-            auto waiter = std::make_shared<detail::wakeup>(ex_);
-            open_waiters_.push_back(waiter);
-            const std::error_code cancelled = co_await waiter->wait();
-            if (cancelled) {
-                std::erase(open_waiters_, waiter);
-                co_return errc::cancelled;
-            }
+            const std::error_code cancelled = co_await wait_in(open_waiters_);
+            if (cancelled) co_return cancelled;
         }
         if (closed_) co_return errc::connection_closed;
         const std::uint32_t id = next_local_id_;
@@ -304,13 +299,8 @@ private:
         // The peer's real limit comes with its settings; only a message above the protocol
         // default has to wait for them.
         while (!settings_received_ && !closed_ && message.size() > peer_.max_message_size) {
-            auto waiter = std::make_shared<detail::wakeup>(ex_);
-            settings_waiters_.push_back(waiter);
-            const std::error_code cancelled = co_await waiter->wait();
-            if (cancelled) {
-                std::erase(settings_waiters_, waiter);
-                co_return errc::cancelled;
-            }
+            const std::error_code cancelled = co_await wait_in(settings_waiters_);
+            if (cancelled) co_return cancelled;
         }
         if (s->failure) co_return s->failure;
         if (message.size() > peer_.max_message_size) co_return errc::message_too_large;
@@ -645,6 +635,17 @@ private:
         s->readable.notify();
         s->writable.notify();
         s->finished_signal.notify();
+    }
+
+    /// Waits in `waiters` until notified; errc::cancelled (and out of the queue) if the
+    /// awaiting coroutine is cancelled first.
+    asio::awaitable<std::error_code> wait_in(std::deque<std::shared_ptr<detail::wakeup>>& waiters) {
+        auto waiter = std::make_shared<detail::wakeup>(ex_);
+        waiters.push_back(waiter);
+        const std::error_code cancelled = co_await waiter->wait();
+        if (!cancelled) co_return std::error_code{};
+        std::erase(waiters, waiter);
+        co_return errc::cancelled;
     }
 
     static void wake_all(std::deque<std::shared_ptr<detail::wakeup>>& waiters) {

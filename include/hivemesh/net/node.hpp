@@ -559,6 +559,19 @@ private:
         if (result.index() == 1 && !std::get<0>(std::get<1>(result))) watch.reset(errc::timeout);
     }
 
+    /// Runs a handler's coroutine; what it throws becomes its status code.
+    static asio::awaitable<std::error_code> guarded(const std::string& method,
+                                                    asio::awaitable<std::error_code> work) {
+        try {
+            co_return co_await std::move(work);
+        } catch (const std::system_error& e) {
+            co_return e.code();
+        } catch (const std::exception& e) {
+            log::warning("rpc", "handler ", method, " threw: ", e.what());
+            co_return make_error_code(errc::remote_error);
+        }
+    }
+
     static asio::awaitable<void> serve_call(state_ptr st, mux_stream stream) {
         using namespace asio::experimental::awaitable_operators;
         byte_buffer first;
@@ -590,18 +603,9 @@ private:
             }
             const unary_handler handler = it->second; // the map may change while it runs
             byte_buffer response;
-            auto run = [&]() -> asio::awaitable<std::error_code> {
-                try {
-                    co_return co_await handler(context, header.body, response);
-                } catch (const std::system_error& e) {
-                    co_return e.code();
-                } catch (const std::exception& e) {
-                    log::warning("rpc", "handler ", header.method, " threw: ", e.what());
-                    co_return make_error_code(errc::remote_error);
-                }
-            };
             auto outcome =
-                co_await (run() || watch.until_finished() ||
+                co_await (guarded(header.method, handler(context, header.body, response)) ||
+                          watch.until_finished() ||
                           timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
             if (outcome.index() == 1) co_return; // the caller went away
             const std::error_code status =
@@ -619,18 +623,9 @@ private:
         }
         const stream_handler handler = it->second;
         call_stream call(std::move(stream), false);
-        auto run = [&]() -> asio::awaitable<std::error_code> {
-            try {
-                co_return co_await handler(context, call);
-            } catch (const std::system_error& e) {
-                co_return e.code();
-            } catch (const std::exception& e) {
-                log::warning("rpc", "handler ", header.method, " threw: ", e.what());
-                co_return make_error_code(errc::remote_error);
-            }
-        };
         auto outcome =
-            co_await (run() || timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            co_await (guarded(header.method, handler(context, call)) ||
+                      timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
         const std::error_code status =
             outcome.index() == 0 ? std::get<0>(outcome) : make_error_code(errc::timeout);
         byte_buffer last =
