@@ -897,3 +897,29 @@ TEST_CASE("invalid options and misuse are reported loudly", "[crypto][secure_cha
     CHECK_FALSE(moved.append(hivemesh::as_bytes("abc"), out));
     CHECK_THROWS_AS(sealer.append(hivemesh::as_bytes("abc"), out), std::logic_error); // NOLINT
 }
+
+TEST_CASE("sealing a head and a body equals sealing them joined", "[crypto][secure_channel]") {
+    std::array<std::byte, 32> key_bytes{};
+    key_bytes.fill(std::byte{0x42});
+    for (std::uint8_t mode = 0; mode < 3; ++mode) {
+        const auto suite = static_cast<cipher>(mode);
+        if (suite == cipher::aes256_gcm && !aes256_gcm_available()) continue;
+        INFO("cipher " << to_string(suite));
+        record_sealer joined(suite, symmetric_key(key_bytes), {});
+        record_sealer gathered(suite, symmetric_key(key_bytes), {});
+        for (const std::size_t head_size : {0, 1, 6, 100})
+            for (const std::size_t body_size : {0, 1, 1000, 65536}) {
+                byte_buffer head(head_size, std::byte{0x11}), body(body_size, std::byte{0x22});
+                byte_buffer whole = head;
+                whole.insert(whole.end(), body.begin(), body.end());
+                byte_buffer a(joined.record_size(whole.size())), b(a.size());
+                REQUIRE_FALSE(joined.seal(whole, a));
+                REQUIRE_FALSE(gathered.seal(head, body, b));
+                CHECK(a == b);
+            }
+        // Over the limit counts head and body together.
+        const byte_buffer big(gathered.max_payload_size(), std::byte{1});
+        byte_buffer record(gathered.record_size(big.size() + 1));
+        CHECK(gathered.seal(byte_buffer(1), big, record) == errc::message_too_large);
+    }
+}

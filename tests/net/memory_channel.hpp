@@ -34,11 +34,14 @@ public:
                 std::make_unique<memory_channel>(state, 1)};
     }
 
-    asio::awaitable<std::error_code> write(std::span<const byte_view> records) override {
+    asio::awaitable<std::error_code> write(std::span<const byte_view> heads,
+                                           std::span<const byte_view> bodies) override {
         if (state_->closed) co_return make_error_code(errc::connection_closed);
-        for (const auto& record : records) {
-            state_->queues[1 - side_].emplace_back(record.begin(), record.end());
+        for (std::size_t i = 0; i < bodies.size(); ++i) {
+            byte_buffer record(heads[i].begin(), heads[i].end());
+            record.insert(record.end(), bodies[i].begin(), bodies[i].end());
             state_->bytes_written[side_] += record.size();
+            state_->queues[1 - side_].push_back(std::move(record));
         }
         state_->wake[1 - side_].notify();
         co_return std::error_code{};

@@ -482,9 +482,10 @@ struct raw_peer {
     }
     void send(byte_buffer frame) {
         auto task = spawn(io, [this, frame = std::move(frame)]() -> asio::awaitable<void> {
-            const byte_view view = frame;
+            const byte_view head, body = frame;
             {
-                const std::error_code ec = co_await raw->write(std::span(&view, 1));
+                const std::error_code ec =
+                    co_await raw->write(std::span(&head, 1), std::span(&body, 1));
                 REQUIRE_FALSE(ec);
             }
         });

@@ -353,11 +353,16 @@ public:
     /// Errors: message_too_large (payload over max_payload_size()), connection_closed
     /// (after seal_close). On error nothing is consumed and `record` is unspecified.
     std::error_code seal(byte_view payload, std::span<std::byte> record) {
-        return seal_record(record_type::data, payload, record);
+        return seal_record(record_type::data, {}, payload, record);
+    }
+    /// As seal(), for the payload `head` followed by `body` (neither may view `record`):
+    /// saves the caller from joining them first.
+    std::error_code seal(byte_view head, byte_view body, std::span<std::byte> record) {
+        return seal_record(record_type::data, head, body, record);
     }
     /// Seals the close record (record_size(0) bytes). After it, seal() fails.
     std::error_code seal_close(std::span<std::byte> record) {
-        return seal_record(record_type::close, {}, record);
+        return seal_record(record_type::close, {}, {}, record);
     }
 
     /// Appends the sealed record for `payload` (which must not view `out`) to `out`. Same
@@ -381,16 +386,19 @@ private:
         if (payload.size() > max_payload_size()) return errc::message_too_large;
         const std::size_t start = out.size();
         out.resize(start + record_size(payload.size()));
-        const auto ec = seal_record(type, payload, std::span(out).subspan(start));
+        const auto ec = seal_record(type, {}, payload, std::span(out).subspan(start));
         if (ec) out.resize(start);
         return ec;
     }
 
-    std::error_code seal_record(record_type type, byte_view payload, std::span<std::byte> record) {
+    /// Seals `head` followed by `payload` (`head` empty when the payload is whole).
+    std::error_code seal_record(record_type type, byte_view head, byte_view payload,
+                                std::span<std::byte> record) {
         if (!cipher_.valid()) throw std::logic_error("hivemesh: use of a moved-from record_sealer");
         if (closed_) return errc::connection_closed;
-        if (payload.size() > max_payload_size()) return errc::message_too_large;
-        if (record.size() != record_size(payload.size()))
+        const std::size_t payload_size = head.size() + payload.size();
+        if (payload_size > max_payload_size()) return errc::message_too_large;
+        if (record.size() != record_size(payload_size))
             throw std::invalid_argument("hivemesh::crypto::record_sealer: record span must be "
                                         "exactly record_size(payload.size()) bytes");
         // 2^64 records cannot be sent in practice; refuse rather than reuse a nonce.
@@ -400,21 +408,23 @@ private:
         const bool secure = suite() != cipher::plaintext;
         const bool rotate_after = secure && type == record_type::data &&
                                   (records_under_key_ + 1 >= rekey_records_ ||
-                                   payload.size() >= rekey_bytes_ - bytes_under_key_);
-        const std::size_t body_size = 1 + payload.size() + tag_size();
+                                   payload_size >= rekey_bytes_ - bytes_under_key_);
+        const std::size_t body_size = 1 + payload_size + tag_size();
         detail::write_le32(record.data(), static_cast<std::uint32_t>(body_size));
         record[header_size] = static_cast<std::byte>(
             static_cast<std::uint8_t>(type) | (rotate_after ? detail::record_key_update_flag : 0));
+        if (!head.empty()) std::memcpy(record.data() + payload_offset, head.data(), head.size());
         if (!payload.empty())
-            std::memmove(record.data() + payload_offset, payload.data(), payload.size());
+            std::memmove(record.data() + payload_offset + head.size(), payload.data(),
+                         payload.size());
         if (secure) {
             auto* text = detail::uchars(record.data() + header_size);
-            cipher_.seal(text, 1 + payload.size(), text + 1 + payload.size(),
+            cipher_.seal(text, 1 + payload_size, text + 1 + payload_size,
                          detail::uchars(record.data()), header_size, counter_);
         }
         ++counter_;
         ++records_under_key_;
-        bytes_under_key_ += payload.size();
+        bytes_under_key_ += payload_size;
         if (rotate_after) {
             cipher_.rotate();
             records_under_key_ = 0;

@@ -70,8 +70,10 @@ namespace detail {
 class record_channel {
 public:
     virtual ~record_channel() = default;
-    /// Sends each view as one record, all in one write; not called concurrently.
-    virtual asio::awaitable<std::error_code> write(std::span<const byte_view> records) = 0;
+    /// Sends record i = `heads[i]` followed by `bodies[i]`, all in one write; not called
+    /// concurrently. The views stay valid until completion.
+    virtual asio::awaitable<std::error_code> write(std::span<const byte_view> heads,
+                                                   std::span<const byte_view> bodies) = 0;
     /// The next record, valid until the next read.
     virtual asio::awaitable<std::error_code> read(byte_view& record) = 0;
     /// Closes at once; pending reads and writes fail.
@@ -330,20 +332,22 @@ private:
 
     asio::awaitable<void> write_loop() {
         auto self = shared_from_this(); // keeps the connection while the loop runs
-        std::vector<byte_buffer> frames;
-        std::vector<byte_view> views;
+        std::vector<byte_buffer> heads; // control frames whole, data frame headers
+        std::vector<byte_view> head_views, bodies;
         std::vector<stream_ptr> completed;
         while (!closed_) {
             if (control_.empty() && ready_.empty()) {
                 co_await writer_wake_.wait();
                 continue;
             }
-            frames.clear();
+            heads.clear();
+            bodies.clear();
             completed.clear();
             std::size_t batch = 0;
             while (!control_.empty()) {
                 batch += control_.front().size();
-                frames.push_back(std::move(control_.front()));
+                heads.push_back(std::move(control_.front()));
+                bodies.emplace_back();
                 control_.pop_front();
             }
             while (!ready_.empty() && batch < options_.max_batch_bytes) {
@@ -351,11 +355,13 @@ private:
                 ready_.pop_front();
                 s->in_ready_list = false;
                 if (s->failure || s->outbox.empty()) continue;
-                batch += take_frame(s, frames, completed);
+                batch += take_frame(s, heads, bodies, completed);
                 make_ready(s);
             }
-            views.assign(frames.begin(), frames.end());
-            if (auto ec = co_await channel_->write(views)) {
+            head_views.assign(heads.begin(), heads.end());
+            const std::error_code ec = co_await channel_->write(head_views, bodies);
+            retired_.clear(); // the write no longer views them
+            if (ec) {
                 fail(ec);
                 break;
             }
@@ -366,9 +372,10 @@ private:
         }
     }
 
-    /// Cuts the next data frame from `s` into `frames`; returns its size.
-    std::size_t take_frame(const stream_ptr& s, std::vector<byte_buffer>& frames,
-                           std::vector<stream_ptr>& completed) {
+    /// Cuts the next data frame from `s`: its header into `heads`, a view of the message
+    /// into `bodies`. Returns the frame's size.
+    std::size_t take_frame(const stream_ptr& s, std::vector<byte_buffer>& heads,
+                           std::vector<byte_view>& bodies, std::vector<stream_ptr>& completed) {
         auto& out = s->outbox.front();
         const std::size_t remaining = out.message.size() - out.offset;
         const std::size_t chunk = std::min<std::size_t>(
@@ -381,17 +388,18 @@ private:
         if (last && out.end_stream) flags |= frame_flags::end_stream;
         s->open_sent = true;
 
-        byte_buffer frame;
-        frame.reserve(detail::data_header_size + chunk);
-        binary_writer w(frame);
+        byte_buffer head;
+        head.reserve(detail::data_header_size);
+        binary_writer w(head);
         write_data_header(w, s->id, flags);
-        w.write_bytes(byte_view(out.message).subspan(out.offset, chunk));
-        frames.push_back(std::move(frame));
+        heads.push_back(std::move(head));
+        bodies.push_back(byte_view(out.message).subspan(out.offset, chunk));
         out.offset += chunk;
         s->send_window -= static_cast<std::int64_t>(chunk);
         stats_.payload_sent += chunk;
         if (last) {
             const bool ended = out.end_stream;
+            retired_.push_back(std::move(out.message)); // viewed until the write completes
             s->outbox.pop_front();
             completed.push_back(s);
             if (ended) maybe_finish(s);
@@ -621,6 +629,8 @@ private:
             buffered_ -= s->inbox_bytes;
             s->inbox.clear();
             s->inbox_bytes = 0;
+            for (auto& out : s->outbox) // a write in flight may view the one being sent
+                retired_.push_back(std::move(out.message));
             s->outbox.clear();
         }
         s->partial.clear();
@@ -703,6 +713,7 @@ private:
     mux_statistics stats_;
 
     std::deque<byte_buffer> control_;
+    std::vector<byte_buffer> retired_; ///< messages out of their outbox, viewed by the write
     std::deque<stream_ptr> ready_;
     std::deque<std::shared_ptr<detail::wakeup>> open_waiters_;
     std::deque<std::shared_ptr<detail::wakeup>> settings_waiters_;

@@ -147,8 +147,9 @@ class secure_record_channel final : public record_channel {
 public:
     explicit secure_record_channel(secure_stream<Stream> stream)
         : stream_(std::move(stream)) {}
-    asio::awaitable<std::error_code> write(std::span<const byte_view> records) override {
-        co_return co_await stream_.write(records);
+    asio::awaitable<std::error_code> write(std::span<const byte_view> heads,
+                                           std::span<const byte_view> bodies) override {
+        co_return co_await stream_.write(heads, bodies);
     }
     asio::awaitable<std::error_code> read(byte_view& record) override {
         co_return co_await stream_.read(record);

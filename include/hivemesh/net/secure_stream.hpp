@@ -101,23 +101,36 @@ public:
     /// sent and the stream stays usable), connection_closed (after shutdown()), the
     /// transport's error (sticky: later writes return it). Cancel with close().
     asio::awaitable<std::error_code> write(std::span<const byte_view> messages) {
+        co_return co_await write(std::span<const byte_view>(), messages);
+    }
+
+    /// As write(messages), where message i is `heads[i]` followed by `bodies[i]` (`heads`
+    /// may be empty: no heads). Sealing joins them, so the caller need not copy a header
+    /// and a payload together first. Both spans must stay valid until completion.
+    asio::awaitable<std::error_code> write(std::span<const byte_view> heads,
+                                           std::span<const byte_view> bodies) {
         if (!usable()) co_return write_error_;
         if (write_error_) co_return write_error_;
+        if (!heads.empty() && heads.size() != bodies.size())
+            throw std::invalid_argument("hivemesh::net::secure_stream::write: one head per body");
         auto& sealer = session_->sealer;
         if (sealer.closed()) co_return errc::connection_closed;
+        const auto head = [&](std::size_t i) { return heads.empty() ? byte_view() : heads[i]; };
         std::size_t total = 0;
-        for (const byte_view message : messages) {
-            if (message.size() > sealer.max_payload_size()) co_return errc::message_too_large;
-            total += sealer.record_size(message.size());
+        for (std::size_t i = 0; i < bodies.size(); ++i) {
+            const std::size_t size = head(i).size() + bodies[i].size();
+            if (size > sealer.max_payload_size()) co_return errc::message_too_large;
+            total += sealer.record_size(size);
         }
         if (total == 0) co_return std::error_code{};
         if (write_buffer_.size() < total) write_buffer_.resize(total);
         std::size_t offset = 0;
-        for (const byte_view message : messages) {
-            const std::size_t size = sealer.record_size(message.size());
+        for (std::size_t i = 0; i < bodies.size(); ++i) {
+            const std::size_t size = sealer.record_size(head(i).size() + bodies[i].size());
             // Cannot fail: sizes and the closed state were checked above.
-            throw_if_error(sealer.seal(message, std::span(write_buffer_).subspan(offset, size)),
-                           "hivemesh::net::secure_stream::write");
+            throw_if_error(
+                sealer.seal(head(i), bodies[i], std::span(write_buffer_).subspan(offset, size)),
+                "hivemesh::net::secure_stream::write");
             offset += size;
         }
         co_return co_await send(total);
