@@ -57,6 +57,15 @@ bool run_until(asio::io_context& io, Predicate done) {
     return true;
 }
 
+/// Inside a coroutine: polls `done()` between short real-time sleeps until it holds.
+template <class Predicate>
+asio::awaitable<void> poll_until(asio::io_context& io, Predicate done) {
+    while (!done()) {
+        asio::steady_timer t(io, std::chrono::microseconds(100));
+        co_await t.async_wait(asio::use_awaitable);
+    }
+}
+
 /// Two multiplexed connections over an in-memory channel.
 struct mux_pair {
     asio::io_context io;
@@ -137,10 +146,7 @@ TEST_CASE("messages of every size cross a stream both ways", "[net][mux]") {
         hello_seen = pair.a->remote_hello();
     });
     auto server = spawn(pair.io, [&]() -> asio::awaitable<void> {
-        while (pair.incoming_b.empty()) {
-            asio::steady_timer t(pair.io, std::chrono::milliseconds(1));
-            co_await t.async_wait(asio::use_awaitable);
-        }
+        co_await poll_until(pair.io, [&] { return !pair.incoming_b.empty(); });
         mux_stream s = std::move(pair.incoming_b.front());
         CHECK(s.remote() == fake_id(1));
         std::vector<byte_buffer> got;
@@ -196,11 +202,7 @@ TEST_CASE("more streams than the peer allows wait for a free slot", "[net][mux]"
     spawn(pair.io, [&]() -> asio::awaitable<void> {
         int served = 0;
         while (served < calls) {
-            if (pair.incoming_b.empty()) {
-                asio::steady_timer t(pair.io, std::chrono::microseconds(100));
-                co_await t.async_wait(asio::use_awaitable);
-                continue;
-            }
+            co_await poll_until(pair.io, [&] { return !pair.incoming_b.empty(); });
             auto streams = std::move(pair.incoming_b);
             pair.incoming_b.clear();
             for (auto& s : streams) {
@@ -248,10 +250,7 @@ TEST_CASE("a small message overtakes a large one on another stream", "[net][mux]
         }
     });
     auto reader = spawn(pair.io, [&]() -> asio::awaitable<void> {
-        while (pair.incoming_b.size() < 2) {
-            asio::steady_timer t(pair.io, std::chrono::microseconds(100));
-            co_await t.async_wait(asio::use_awaitable);
-        }
+        co_await poll_until(pair.io, [&] { return pair.incoming_b.size() >= 2; });
         auto read_one = [&](mux_stream& s) -> asio::awaitable<void> {
             byte_buffer m;
             {
@@ -264,10 +263,7 @@ TEST_CASE("a small message overtakes a large one on another stream", "[net][mux]
         auto s1 = std::move(pair.incoming_b[1]);
         spawn(pair.io, read_one(s0));
         co_await read_one(s1);
-        while (arrival.size() < 2) {
-            asio::steady_timer t(pair.io, std::chrono::microseconds(100));
-            co_await t.async_wait(asio::use_awaitable);
-        }
+        co_await poll_until(pair.io, [&] { return arrival.size() >= 2; });
     });
     pair.run(reader);
     pair.run(big);
@@ -399,10 +395,7 @@ TEST_CASE("a message over the peer's limit is refused before sending", "[net][mu
     std::error_code too_big, fits;
     auto client = spawn(pair.io, [&]() -> asio::awaitable<void> {
         // Wait for the server's settings, which carry its limit.
-        while (pair.a->remote_hello().empty()) {
-            asio::steady_timer t(pair.io, std::chrono::microseconds(100));
-            co_await t.async_wait(asio::use_awaitable);
-        }
+        co_await poll_until(pair.io, [&] { return !pair.a->remote_hello().empty(); });
         mux_stream s;
         {
             const std::error_code ec = co_await pair.a->open(s);

@@ -112,7 +112,6 @@ struct stream_state {
         , finished_signal(ex) {}
 
     std::uint32_t id;
-    bool opened_by_us = false;
 
     // Receiving.
     std::deque<byte_buffer> inbox; ///< complete messages for the application
@@ -263,7 +262,6 @@ public:
         const std::uint32_t id = next_local_id_;
         next_local_id_ += 2;
         auto state = std::make_shared<detail::stream_state>(ex_, id, peer_.initial_window);
-        state->opened_by_us = true;
         streams_.emplace(id, state);
         ++local_streams_;
         ++activity_;
@@ -499,9 +497,8 @@ private:
 
     std::error_code on_data(const frame& f) {
         stream_ptr s = find(f.stream);
-        const bool ours = (f.stream & 1u) == (next_local_id_ & 1u);
         if (!s) {
-            if (ours) // a stream we opened and already finished, or never opened
+            if (is_ours(f.stream)) // a stream we opened and already finished, or never opened
                 return f.stream < next_local_id_ ? std::error_code{} : errc::protocol_violation;
             // Streams need not open in id order (a stream's first frame may wait for
             // window or settings): without the open flag this is late data for a stream
@@ -586,6 +583,9 @@ private:
 
     // ---- stream and connection lifetime --------------------------------------------
 
+    /// Whether we opened stream `id`: ours all share the parity of next_local_id_.
+    bool is_ours(std::uint32_t id) const noexcept { return (id & 1u) == (next_local_id_ & 1u); }
+
     stream_ptr find(std::uint32_t id) const {
         const auto it = streams_.find(id);
         return it == streams_.end() ? nullptr : it->second;
@@ -636,7 +636,7 @@ private:
         s->partial.clear();
         streams_.erase(s->id);
         ++activity_;
-        if (s->opened_by_us) {
+        if (is_ours(s->id)) {
             --local_streams_;
             wake_openers();
         } else {

@@ -318,7 +318,6 @@ private:
     struct pending_dial {
         std::vector<std::shared_ptr<detail::wakeup>> waiters;
         std::error_code result;
-        bool done = false;
     };
 
     struct state {
@@ -365,28 +364,28 @@ private:
                                                    std::optional<crypto::peer_id> expected,
                                                    std::shared_ptr<mux_connection>& out) {
         using namespace asio::experimental::awaitable_operators;
-        auto stream = std::make_shared<secure_stream<stream_type>>(std::move(raw));
+        secure_stream<stream_type> stream(std::move(raw));
         timer_type timer(st->executor);
         timer.expires_after(st->options.dial_timeout);
         auto watchdog = [&]() -> asio::awaitable<std::error_code> {
             auto [ec] =
                 co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-            if (!ec) stream->close();
+            if (!ec) stream.close();
             co_return make_error_code(errc::timeout);
         };
         auto result = co_await (
-            stream->handshake(side, st->identity, expected, st->options.security) || watchdog());
+            stream.handshake(side, st->identity, expected, st->options.security) || watchdog());
         std::error_code ec = result.index() == 0 ? std::get<0>(result) : std::get<1>(result);
         if (!ec && st->closed) ec = errc::connection_closed;
         if (ec) {
-            stream->close();
+            stream.close();
             co_return ec;
         }
-        const crypto::peer_id remote = stream->remote_id();
+        const crypto::peer_id remote = stream.remote_id();
         auto connection = std::make_shared<mux_connection>(
             st->executor,
-            std::make_unique<detail::secure_record_channel<stream_type>>(std::move(*stream)),
-            remote, side == crypto::role::dialer, st->options.mux);
+            std::make_unique<detail::secure_record_channel<stream_type>>(std::move(stream)), remote,
+            side == crypto::role::dialer, st->options.mux);
         st->connections[remote].push_back({connection});
         std::weak_ptr<state> weak = st;
         std::weak_ptr<mux_connection> weak_connection = connection;
@@ -457,7 +456,6 @@ private:
         }
         if (ec) log::debug("net", "dial ", target.id.short_string(), " failed: ", ec.message());
         dial->result = ec;
-        dial->done = true;
         if (const auto it = st->dials.find(target.id); it != st->dials.end() && it->second == dial)
             st->dials.erase(it);
         for (auto& waiter : dial->waiters)
