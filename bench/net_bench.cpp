@@ -7,7 +7,8 @@
 // coroutine (manual time), so no cross-thread hand-off is measured.
 //
 // Names: pingpong/<kind>/size:<bytes>, bulk/<kind>/mib:<MiB per iteration>, with <kind>
-//   raw_tcp, rpc_plaintext, rpc_encrypted.
+//   raw_tcp, secure_stream_encrypted (records sealed straight onto a raw socket, no
+//   multiplexer: the ceiling for encrypted RPC), rpc_plaintext, rpc_encrypted.
 // Counters: p50_us, p99_us (round trips); bytes_per_second (bulk, payload bytes).
 //
 //   bench_net --benchmark_out=net.json --benchmark_out_format=json
@@ -167,13 +168,66 @@ void bm_bulk_raw(benchmark::State& state) {
     pair.client.shutdown(asio::socket_base::shutdown_both, ignored);
 }
 
-// ---- hivemesh RPC --------------------------------------------------------------------
+// ---- secure stream over raw TCP: the ceiling for encrypted RPC ------------------------
 
 crypto::identity identity_of(std::uint8_t n) {
     std::array<std::byte, 32> seed{};
     seed.fill(std::byte{n});
     return crypto::identity::from_seed(seed);
 }
+
+/// Whole 1 MiB messages sealed as single records straight onto the socket, with no
+/// multiplexer or RPC: what the cipher and TCP allow on one connection.
+void bm_bulk_secure_stream(benchmark::State& state) {
+    using secure_socket = net::secure_stream<asio::ip::tcp::socket>;
+    const auto total = static_cast<std::size_t>(state.range(0)) << 20;
+    raw_pair pair;
+    secure_socket server(std::move(pair.server)), client(std::move(pair.client));
+    const auto server_identity = identity_of(1), client_identity = identity_of(2);
+    auto accepted =
+        asio::co_spawn(pair.server_thread.io(),
+                       server.handshake(crypto::role::listener, server_identity), asio::use_future);
+    auto dialed =
+        run_on(pair.client_thread.io(), client.handshake(crypto::role::dialer, client_identity));
+    if (const auto ec = accepted.get(); ec || dialed)
+        return fail(state, "handshake failed: " + (ec ? ec : dialed).message());
+    asio::co_spawn(
+        pair.server_thread.io(),
+        [&]() -> asio::awaitable<void> {
+            std::size_t drained = 0, next_ack = total;
+            while (true) {
+                byte_view message;
+                const auto ec = co_await server.read(message);
+                if (ec) co_return;
+                drained += message.size();
+                for (; drained >= next_ack; next_ack += total) {
+                    const std::byte ack{1};
+                    if (co_await server.write(byte_view(&ack, 1))) co_return;
+                }
+            }
+        },
+        asio::detached);
+    const byte_buffer chunk(bulk_message, std::byte{0x5A});
+    std::error_code error;
+    for (auto _ : state) {
+        const double seconds = run_on(pair.client_thread.io(), [&]() -> asio::awaitable<double> {
+            const auto start = clock_type::now();
+            for (std::size_t sent = 0; sent < total && !error; sent += chunk.size())
+                error = co_await client.write(chunk);
+            byte_view ack;
+            if (!error) error = co_await client.read(ack);
+            co_return std::chrono::duration<double>(clock_type::now() - start).count();
+        }());
+        if (error) return fail(state, "secure stream failed: " + error.message());
+        state.SetIterationTime(seconds);
+    }
+    state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                            static_cast<std::int64_t>(total));
+    asio::post(pair.client_thread.io(), asio::use_future([&] { client.close(); })).get();
+    asio::post(pair.server_thread.io(), asio::use_future([&] { server.close(); })).get();
+}
+
+// ---- hivemesh RPC --------------------------------------------------------------------
 
 struct rpc_pair {
     using node_type = net::node<net::tcp::transport>;
@@ -287,6 +341,7 @@ void register_benchmarks() {
     small_sizes(benchmark::RegisterBenchmark("pingpong/rpc_plaintext", bm_pingpong_rpc, true));
     small_sizes(benchmark::RegisterBenchmark("pingpong/rpc_encrypted", bm_pingpong_rpc, false));
     bulk_sizes(benchmark::RegisterBenchmark("bulk/raw_tcp", bm_bulk_raw));
+    bulk_sizes(benchmark::RegisterBenchmark("bulk/secure_stream_encrypted", bm_bulk_secure_stream));
     bulk_sizes(benchmark::RegisterBenchmark("bulk/rpc_plaintext", bm_bulk_rpc, true));
     bulk_sizes(benchmark::RegisterBenchmark("bulk/rpc_encrypted", bm_bulk_rpc, false));
 }

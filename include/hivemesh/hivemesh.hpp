@@ -6,5 +6,6 @@
 #include "hivemesh/compression.hpp"
 #include "hivemesh/core.hpp"
 #include "hivemesh/crypto.hpp"
+#include "hivemesh/dht.hpp"
 #include "hivemesh/net.hpp"
 #include "hivemesh/tensor.hpp"

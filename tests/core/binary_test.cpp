@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "net/test_support.hpp"
+
 #include <bit>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +21,8 @@ using hivemesh::errc;
 
 namespace {
 
+using hivemesh::test::hex;
+
 byte_buffer bytes(std::initializer_list<int> values) {
     byte_buffer out;
     for (const int v : values)
@@ -27,16 +31,6 @@ byte_buffer bytes(std::initializer_list<int> values) {
 }
 
 // Lower-case hex with spaces, so a failed comparison shows the bytes.
-std::string hex(byte_view b) {
-    std::string out;
-    char digits[4];
-    for (std::size_t i = 0; i < b.size(); ++i) {
-        std::snprintf(digits, sizeof digits, i == 0 ? "%02x" : " %02x",
-                      static_cast<unsigned>(b[i]));
-        out += digits;
-    }
-    return out;
-}
 
 template <class T>
 std::string encode_hex(T value) {

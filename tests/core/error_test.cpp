@@ -46,6 +46,12 @@ TEST_CASE("every errc has its own value and message", "[core][error]") {
         {errc::cancelled, {23, "operation cancelled"}},
         {errc::connection_closed, {24, "connection closed"}},
         {errc::remote_error, {25, "remote handler failed"}},
+        {errc::not_found, {26, "not found"}},
+        {errc::no_peers, {27, "no known peers"}},
+        {errc::store_refused, {28, "store refused by every replica"}},
+        {errc::rate_limited, {29, "rate limit exceeded"}},
+        {errc::storage_full, {30, "storage limit reached"}},
+        {errc::wrong_thread, {31, "blocking call on an io thread"}},
     };
     for (const auto& [e, value_and_message] : expected) {
         const auto& [value, message] = value_and_message;
@@ -57,7 +63,7 @@ TEST_CASE("every errc has its own value and message", "[core][error]") {
         CHECK(static_cast<bool>(ec)); // no errc means success
     }
     CHECK(hivemesh::hivemesh_category().message(0) == "unknown hivemesh error");
-    CHECK(hivemesh::hivemesh_category().message(26) == "unknown hivemesh error");
+    CHECK(hivemesh::hivemesh_category().message(32) == "unknown hivemesh error");
     CHECK(hivemesh::hivemesh_category().message(-1) == "unknown hivemesh error");
 }
 

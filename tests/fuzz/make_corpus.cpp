@@ -1,20 +1,24 @@
 // Writes valid seed inputs for every fuzz target into <directory>/<target>/: every codec at a
 // few sizes, zstd payloads, sealed record streams, handshake messages, mux frames, RPC
-// messages and peer addresses.
+// messages, peer addresses and DHT messages.
 // Usage: make_corpus <directory>
 #include <hivemesh/compression.hpp>
 #include <hivemesh/core/random.hpp>
 #include <hivemesh/crypto/secure_channel.hpp>
+#include <hivemesh/dht/messages.hpp>
 #include <hivemesh/net/address.hpp>
 #include <hivemesh/net/frame.hpp>
 #include <hivemesh/net/rpc_wire.hpp>
 
 #include <array>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace {
 
@@ -115,7 +119,8 @@ void write_frame_corpus(const std::filesystem::path& dir) {
     write_file(dir / "window", frame([](auto& w) { write_window_frame(w, 3, 65536); }));
     write_file(dir / "reset", frame([](auto& w) { write_reset_frame(w, 5, 20); }));
     write_file(dir / "ping", frame([](auto& w) { write_ping_frame(w, frame_type::ping, 42); }));
-    write_file(dir / "goaway", frame([](auto& w) { write_frame_header(w, frame_type::goaway, 0); }));
+    write_file(dir / "goaway",
+               frame([](auto& w) { write_frame_header(w, frame_type::goaway, 0); }));
 }
 
 // Call headers and replies, for fuzz_rpc_message.
@@ -123,7 +128,8 @@ void write_rpc_corpus(const std::filesystem::path& dir) {
     using namespace hivemesh::net;
     const hivemesh::byte_buffer body(40, std::byte{3});
     write_file(dir / "unary", encode_call_header(call_kind::unary, "dht.find", 5000, body));
-    write_file(dir / "streaming", encode_call_header(call_kind::streaming, "averaging/join", 60000));
+    write_file(dir / "streaming",
+               encode_call_header(call_kind::streaming, "averaging/join", 60000));
     write_file(dir / "reply", encode_reply(reply_tag::reply, body));
     write_file(dir / "data", encode_reply(reply_tag::data, body));
     write_file(dir / "status",
@@ -139,12 +145,85 @@ void write_address_corpus(const std::filesystem::path& dir) {
                                  "/sim/17/port/9/p2p/" + id.to_string()};
     int n = 0;
     for (const auto& text : texts) {
-        write_file(dir / ("text_" + std::to_string(n)), hivemesh::to_buffer(hivemesh::as_bytes(text)));
+        write_file(dir / ("text_" + std::to_string(n)),
+                   hivemesh::to_buffer(hivemesh::as_bytes(text)));
         hivemesh::byte_buffer binary;
         hivemesh::binary_writer w(binary);
         peer_address::from_string(text).write(w);
         write_file(dir / ("binary_" + std::to_string(n++)), binary);
     }
+}
+
+// Listen addresses of every protocol, for the DHT seeds.
+std::vector<hivemesh::net::peer_address> dht_addresses() {
+    using hivemesh::net::peer_address;
+    return {peer_address::from_string("/ip4/127.0.0.1/tcp/4242"),
+            peer_address::from_string("/ip6/2001:db8::1/tcp/443"),
+            peer_address::from_string("/dns/peer.example.org/tcp/31337"), peer_address::sim(17, 9)};
+}
+
+hivemesh::byte_buffer text_bytes(std::string_view text) {
+    return hivemesh::to_buffer(hivemesh::as_bytes(text));
+}
+
+// Ping, store and find requests from client-mode and addressed senders, for
+// fuzz_dht_requests.
+void write_dht_request_corpus(const std::filesystem::path& dir) {
+    using namespace hivemesh::dht;
+    const auto addresses = dht_addresses();
+    write_file(dir / "ping_client", encode(ping_request{}));
+    for (std::size_t i = 0; i < addresses.size(); ++i)
+        write_file(dir / ("ping_" + std::to_string(i)), encode(ping_request{{addresses[i]}}));
+
+    store_request store{{addresses[0]}, {}};
+    store.items.push_back({{text_bytes("key"),
+                            std::nullopt,
+                            text_bytes("value"),
+                            hivemesh::time_point{std::chrono::seconds(1700000000)},
+                            {}},
+                           false});
+    store.items.push_back({{text_bytes("dict"), text_bytes("subkey"), text_bytes(""),
+                            hivemesh::time_point{}, hivemesh::byte_buffer(64, std::byte{7})},
+                           true});
+    write_file(dir / "store", encode(store));
+    write_file(dir / "store_empty", encode(store_request{}));
+
+    find_request find{{addresses[3]}, {}, 20};
+    for (const char* key : {"a", "b", "c"})
+        find.keys.push_back(id::of_key(key));
+    write_file(dir / "find", encode(find));
+    write_file(dir / "find_empty", encode(find_request{{}, {}, 0}));
+}
+
+// Ping, store and find responses with plain and dictionary entries and peers of every
+// protocol, for fuzz_dht_responses.
+void write_dht_response_corpus(const std::filesystem::path& dir) {
+    using namespace hivemesh::dht;
+    write_file(dir / "ping", encode(ping_response{}));
+    store_response statuses;
+    for (std::uint8_t s = 0; s <= max_store_status; ++s)
+        statuses.statuses.push_back(static_cast<store_status>(s));
+    write_file(dir / "store", encode(statuses));
+
+    std::vector<peer_info> peers;
+    for (const auto& address : dht_addresses())
+        peers.push_back({hivemesh::crypto::identity::from_seed(
+                             filled(static_cast<std::uint8_t>(peers.size() + 1)))
+                             .id(),
+                         address});
+    key_entry plain;
+    plain.key = text_bytes("key");
+    plain.plain =
+        stored_value{text_bytes("value"), hivemesh::time_point{std::chrono::hours(1)}, {}};
+    key_entry dictionary;
+    dictionary.key = text_bytes("dict");
+    for (const char* subkey : {"", "a", "b\xff"})
+        dictionary.dictionary[text_bytes(subkey)] =
+            stored_value{text_bytes(subkey), hivemesh::time_point{std::chrono::seconds(5)},
+                         hivemesh::byte_buffer(64, std::byte{1})};
+    find_response find{{{plain, {peers[0]}}, {dictionary, peers}, {std::nullopt, peers}}};
+    write_file(dir / "find", encode(find));
+    write_file(dir / "find_empty", encode(find_response{}));
 }
 
 } // namespace
@@ -182,5 +261,7 @@ int main(int argc, char** argv) {
     write_frame_corpus(dir("mux_frame"));
     write_rpc_corpus(dir("rpc_message"));
     write_address_corpus(dir("address"));
+    write_dht_request_corpus(dir("dht_requests"));
+    write_dht_response_corpus(dir("dht_responses"));
     return 0;
 }

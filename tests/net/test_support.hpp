@@ -5,6 +5,8 @@
 #include <hivemesh/crypto/identity.hpp>
 
 #include <array>
+#include <cstdio>
+#include <string>
 
 namespace hivemesh::test {
 
@@ -22,6 +24,18 @@ inline crypto::identity identity_of(std::uint8_t n) {
     std::array<std::byte, 32> seed{};
     seed.fill(std::byte{n});
     return crypto::identity::from_seed(seed);
+}
+
+/// Bytes as space-separated lowercase hex pairs, for messages and exact oracles.
+inline std::string hex(byte_view b) {
+    std::string out;
+    char digits[4];
+    for (std::size_t i = 0; i < b.size(); ++i) {
+        std::snprintf(digits, sizeof digits, i == 0 ? "%02x" : " %02x",
+                      static_cast<unsigned>(b[i]));
+        out += digits;
+    }
+    return out;
 }
 
 } // namespace hivemesh::test

@@ -28,15 +28,25 @@ enum class errc : int {
     authentication_failed, ///< an encrypted record failed its tag: tampered, replayed, reordered
     connection_truncated,  ///< the byte stream ended without a closing record
     // net and rpc
-    timeout,               ///< a deadline passed before the operation completed
-    unreachable,           ///< no route to the peer, or it did not answer a dial
-    refused,               ///< the peer refused: nothing listening, unknown method, over limit
-    protocol_violation,    ///< the peer broke the wire protocol
-    message_too_large,     ///< a frame or message exceeds the configured maximum
-    cancelled,             ///< the caller or the peer cancelled the operation
-    connection_closed,     ///< the connection closed while the operation was under way
-    remote_error,          ///< the remote handler failed
+    timeout,            ///< a deadline passed before the operation completed
+    unreachable,        ///< no route to the peer, or it did not answer a dial
+    refused,            ///< the peer refused: nothing listening, unknown method, over limit
+    protocol_violation, ///< the peer broke the wire protocol
+    message_too_large,  ///< a frame or message exceeds the configured maximum
+    cancelled,          ///< the caller or the peer cancelled the operation
+    connection_closed,  ///< the connection closed while the operation was under way
+    remote_error,       ///< the remote handler failed
+    // dht
+    not_found,     ///< no node holds a value for the key
+    no_peers,      ///< the routing table is empty: bootstrap first
+    store_refused, ///< no replica accepted the value (see the per-item status)
+    rate_limited,  ///< the peer sent more requests than its allowance
+    storage_full,  ///< a storage limit (total bytes, keys) would be exceeded
+    wrong_thread,  ///< a blocking call was made on an io thread, which would deadlock
 };
+
+/// The largest errc value (the wire carries errc values; decoders refuse larger ones).
+inline constexpr errc last_errc = errc::wrong_thread;
 
 namespace detail {
 
@@ -95,6 +105,18 @@ public:
             return "connection closed";
         case errc::remote_error:
             return "remote handler failed";
+        case errc::not_found:
+            return "not found";
+        case errc::no_peers:
+            return "no known peers";
+        case errc::store_refused:
+            return "store refused by every replica";
+        case errc::rate_limited:
+            return "rate limit exceeded";
+        case errc::storage_full:
+            return "storage limit reached";
+        case errc::wrong_thread:
+            return "blocking call on an io thread";
         }
         return "unknown hivemesh error";
     }

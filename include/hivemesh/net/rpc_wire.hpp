@@ -123,7 +123,7 @@ inline std::error_code decode_reply(byte_view message, reply_message& out) {
     }
     const auto code = r.read<std::uint16_t>();
     out.detail = r.read_string(detail::max_detail_length);
-    if (r.finish() || code == 0 || code > static_cast<std::uint16_t>(errc::remote_error))
+    if (r.finish() || code == 0 || code > static_cast<std::uint16_t>(last_errc))
         return errc::protocol_violation;
     out.status = static_cast<errc>(code);
     return {};

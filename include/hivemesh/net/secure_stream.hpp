@@ -45,7 +45,10 @@ public:
     using executor_type = typename Stream::executor_type;
 
     /// Reads happen in chunks of at least this size, so small records share a syscall.
-    static constexpr std::size_t read_chunk_size = 64 * 1024;
+    static constexpr std::size_t read_chunk_size = 8 * 1024;
+    /// A connection carrying large records reads into a buffer of about four of them (up
+    /// to this size), so one read takes in several and moving a partial record is rare.
+    static constexpr std::size_t max_read_buffer_size = 1024 * 1024;
 
     /// Takes ownership of a connected stream.
     explicit secure_stream(Stream stream)
@@ -261,8 +264,10 @@ private:
                              read_end_ - read_begin_);
             read_end_ -= read_begin_;
             read_begin_ = 0;
-            if (read_buffer_.size() < needed)
-                read_buffer_.resize(std::max(needed, read_chunk_size));
+            const std::size_t wanted =
+                needed > read_chunk_size / 4 ? std::min(4 * needed, max_read_buffer_size) : 0;
+            if (read_buffer_.size() < std::max(needed, wanted))
+                read_buffer_.resize(std::max({needed, wanted, read_chunk_size}));
         }
         while (read_end_ - read_begin_ < needed) {
             std::error_code ec;

@@ -433,6 +433,16 @@ public:
     executor_type executor() const noexcept { return executor_; }
     hivemesh::duration connect_timeout() const noexcept { return connect_timeout_; }
 
+    /// Address conversions, so components over any transport can send endpoints as
+    /// peer_address (see tcp::to_endpoint and tcp::to_address).
+    static std::optional<endpoint_type> to_endpoint(const peer_address& address) {
+        return tcp::to_endpoint(address);
+    }
+    static peer_address to_address(const endpoint_type& endpoint,
+                                   std::optional<crypto::peer_id> peer = std::nullopt) {
+        return tcp::to_address(endpoint, peer);
+    }
+
     /// Listens on `local` (see listener). Throws std::system_error.
     listener_type listen(const endpoint_type& local) const {
         return listener_type(executor_, local);

@@ -4,6 +4,7 @@
 // as templates over a transport run on either.
 #pragma once
 
+#include <hivemesh/net/address.hpp>
 #include <hivemesh/net/sim/network.hpp>
 #include <hivemesh/net/sim/virtual_time.hpp>
 
@@ -11,6 +12,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -35,6 +37,18 @@ public:
     }
 
     executor_type executor() const noexcept { return network_->get_executor(); }
+
+    /// The endpoint of a sim address; nullopt for other protocols.
+    static std::optional<endpoint_type> to_endpoint(const peer_address& address) {
+        const auto n = address.sim_node();
+        if (!n) return std::nullopt;
+        return endpoint_type{*n, address.port};
+    }
+    /// The sim address of `endpoint`, naming `peer` if given.
+    static peer_address to_address(const endpoint_type& endpoint,
+                                   std::optional<crypto::peer_id> peer = std::nullopt) {
+        return peer_address::sim(endpoint.node, endpoint.port, peer);
+    }
     node_id node() const noexcept { return node_; }
     network& net() const noexcept { return *network_; }
     clock_type clock() const noexcept { return clock_type(network_->time()); }

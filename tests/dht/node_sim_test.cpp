@@ -1,0 +1,241 @@
+// The DHT at swarm scale on the simulated network: 1000 peers, crashes, partitions, hand-off.
+#include "dht/swarm.hpp"
+
+#include <hivemesh/dht/node.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+using namespace hivemesh;
+using namespace std::chrono_literals;
+
+namespace {
+
+using test::sim_world;
+using sim_swarm = test::swarm<sim_world>;
+
+byte_buffer key_of(std::size_t n) {
+    return to_buffer(as_bytes("key/" + std::to_string(n)));
+}
+byte_buffer value_of(std::size_t n) {
+    return test::pattern(64 + n % 200, n);
+}
+
+/// Stores keys [0, count) each from a random serving member, `parallel` at a time; returns
+/// how many were stored on at least one node.
+std::size_t store_keys(sim_swarm& s, std::size_t count, time_point expiration,
+                       std::size_t parallel = 100) {
+    std::size_t stored = 0;
+    for (std::size_t begin = 0; begin < count; begin += parallel) {
+        std::size_t pending = 0;
+        for (std::size_t k = begin; k < std::min(count, begin + parallel); ++k) {
+            ++pending;
+            s.members[s.random_member()].dht->async_store(
+                dht::record{key_of(k), std::nullopt, value_of(k), expiration, {}},
+                [&](std::error_code ec, dht::store_outcome) {
+                    if (!ec) ++stored;
+                    --pending;
+                });
+        }
+        s.wait_all(pending);
+    }
+    return stored;
+}
+
+/// Gets keys [0, count) each from a random live member; returns how many came back exact.
+std::size_t find_keys(sim_swarm& s, std::size_t count, const std::set<std::size_t>& down = {},
+                      std::size_t parallel = 100) {
+    std::size_t found = 0;
+    for (std::size_t begin = 0; begin < count; begin += parallel) {
+        std::size_t pending = 0;
+        for (std::size_t k = begin; k < std::min(count, begin + parallel); ++k) {
+            std::size_t from = s.random_member();
+            while (down.contains(from))
+                from = s.random_member();
+            ++pending;
+            s.members[from].dht->async_get(
+                key_of(k), {}, [&, k](std::error_code ec, dht::key_entry entry) {
+                    if (!ec && entry.plain && entry.plain->value == value_of(k)) ++found;
+                    --pending;
+                });
+        }
+        s.wait_all(pending);
+    }
+    return found;
+}
+
+struct lookup_counters {
+    std::uint64_t lookups = 0, rounds = 0;
+};
+
+lookup_counters counters(sim_swarm& s) {
+    lookup_counters c;
+    for (auto& m : s.members) {
+        c.lookups += m.dht->statistics().lookups;
+        c.rounds += m.dht->statistics().lookup_rounds;
+    }
+    return c;
+}
+
+void build(sim_swarm& s, std::size_t n) {
+    s.rpc_options.security.plaintext = true; // authenticated, unencrypted: the swarm is big
+    s.options.cache_on_get = false;          // count only real replicas
+    s.world.network.set_default_link({5ms, 0, 0.0});
+    for (std::size_t i = 0; i < n; ++i)
+        s.add(1 + i);
+    s.bootstrap(1);
+}
+
+} // namespace
+
+TEST_CASE("1000 peers: every key is found, lookups take few rounds, 30% may crash",
+          "[dht][sim][swarm]") {
+    sim_swarm s;
+    build(s, 1000);
+    constexpr std::size_t key_count = 1000;
+    const auto t0 = s.now();
+    CHECK(store_keys(s, key_count, t0 + 24h) == key_count);
+
+    const auto before = counters(s);
+    const auto found = find_keys(s, key_count);
+    const auto after = counters(s);
+    const double mean_rounds = static_cast<double>(after.rounds - before.rounds) /
+                               static_cast<double>(after.lookups - before.lookups);
+    WARN("1000 peers: found " << found << "/" << key_count << ", mean lookup rounds "
+                              << mean_rounds);
+    CHECK(found == key_count);
+    CHECK(mean_rounds <= 5.0);
+
+    // 30% crash at once; the survivors re-replicate what they hold.
+    std::set<std::size_t> down;
+    while (down.size() < 300)
+        down.insert(s.random_member());
+    for (const auto i : down) {
+        s.members[i].dht->close();
+        s.world.network.crash(s.members[i].transport->node());
+    }
+    std::size_t pending = 0;
+    for (std::size_t i = 0; i < s.members.size(); ++i) {
+        if (down.contains(i)) continue;
+        ++pending;
+        s.members[i].dht->async_republish([&](std::error_code) { --pending; });
+    }
+    s.wait_all(pending);
+    const auto survived = find_keys(s, key_count, down);
+    WARN("after 30% crashed: found " << survived << "/" << key_count);
+    CHECK(survived >= key_count * 99 / 100);
+}
+
+TEST_CASE("two halves that grew apart during a partition join into one swarm after it",
+          "[dht][sim][swarm]") {
+    sim_swarm s;
+    s.options.rebootstrap_interval = 30s;
+    build(s, 100);
+    // The second half starts behind a partition: it knows node 0 (everyone's bootstrap
+    // peer) but cannot reach it, so it grows around node 100 alone.
+    for (std::size_t i = 100; i < 200; ++i)
+        s.add(1 + i);
+    std::vector<net::sim::node_id> second_half;
+    for (std::size_t i = 100; i < 200; ++i)
+        second_half.push_back(s.members[i].transport->node());
+    s.world.network.partition(second_half);
+    for (std::size_t i = 100; i < 200; ++i) {
+        std::size_t pending = 1;
+        std::vector<sim_swarm::peer> initial{s.members[0].address()};
+        if (i > 100) initial.push_back(s.members[100 + s.rng.uniform(i - 100)].address());
+        s.members[i].dht->async_bootstrap(initial, [&](std::error_code) { --pending; });
+        s.wait_all(pending);
+    }
+    // How many nodes know at least one node of the other half.
+    const auto bridged = [&] {
+        std::size_t n = 0;
+        for (std::size_t i = 0; i < 200; ++i) {
+            bool knows_other_half = false;
+            s.members[i].dht->table().for_each([&](const auto& c) {
+                if ((c.endpoint.node >= s.members[100].transport->node()) != (i >= 100))
+                    knows_other_half = true;
+            });
+            if (knows_other_half) ++n;
+        }
+        return n;
+    };
+    CHECK(bridged() == 0);
+
+    // Keys stored on each side while split; the other side cannot see them.
+    const auto t0 = s.now();
+    std::size_t pending = 0;
+    for (std::size_t k = 0; k < 100; ++k) {
+        ++pending;
+        s.members[k % 2 == 0 ? k : 100 + k].dht->async_store(
+            dht::record{key_of(k), std::nullopt, value_of(k), t0 + 24h, {}},
+            [&](std::error_code ec, dht::store_outcome) {
+                CHECK_FALSE(ec);
+                --pending;
+            });
+    }
+    s.wait_all(pending);
+    const auto across = [&] {
+        std::size_t found = 0;
+        std::size_t waiting = 0;
+        for (std::size_t k = 0; k < 100; ++k) {
+            ++waiting;
+            s.members[k % 2 == 0 ? 199 - k : k].dht->async_get(
+                key_of(k), {}, [&, k](std::error_code ec, dht::key_entry entry) {
+                    if (!ec && entry.plain && entry.plain->value == value_of(k)) ++found;
+                    --waiting;
+                });
+        }
+        s.wait_all(waiting);
+        return found;
+    };
+    CHECK(across() == 0);
+
+    s.world.network.heal();
+    s.world.network.time().run_for(90s); // three re-bootstrap periods
+    CHECK(bridged() == 200);
+    const auto found = across();
+    WARN("keys found across the former split: " << found << "/100");
+    CHECK(found >= 99);
+    for (std::size_t i = 0; i < 200; i += 10) {
+        const auto& target = s.members[(i + 100) % 200];
+        auto [ec, nearest] =
+            s.wait<std::error_code, std::vector<sim_swarm::dht_type::contact_type>>(
+                [&](auto handler) {
+                    s.members[i].dht->async_find_nearest(target.dht->id(), 1, handler);
+                });
+        REQUIRE_FALSE(ec);
+        REQUIRE(nearest.size() == 1);
+        CHECK(nearest.front().id == target.dht->id());
+    }
+}
+
+TEST_CASE("a key is handed to a new node that becomes its nearest", "[dht][sim]") {
+    sim_swarm s;
+    build(s, 40);
+    const auto t0 = s.now();
+    CHECK(store_keys(s, 20, t0 + 1h) == 20);
+    // A newcomer whose id is nearer to key 0 than any member's.
+    const auto target = dht::id::of_key(key_of(0));
+    std::uint64_t best_seed = 0;
+    dht::id best;
+    for (std::uint64_t seed = 10'000; seed < 14'000; ++seed) {
+        const auto id = dht::id::of_peer(test::identity_from(seed).id());
+        if (seed == 10'000 || dht::closer(target, id, best)) {
+            best = id;
+            best_seed = seed;
+        }
+    }
+    for (auto& m : s.members)
+        REQUIRE(dht::closer(target, best, m.dht->id()));
+    auto& newcomer = s.add(best_seed);
+    s.bootstrap(s.members.size() - 1);
+    s.world.network.time().run_for(5s);
+    CHECK(newcomer.dht->local_storage().contains(target, s.now()));
+    std::uint64_t handoffs = 0;
+    for (auto& m : s.members)
+        handoffs += m.dht->statistics().handoffs;
+    CHECK(handoffs >= 1);
+}

@@ -1,0 +1,346 @@
+// The DHT node with 20 peers: every case runs over loopback TCP and on the simulated network.
+#include "dht/swarm.hpp"
+
+#include <hivemesh/dht/node.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <string>
+
+using namespace hivemesh;
+using namespace std::chrono_literals;
+
+namespace {
+
+using test::sim_world;
+using test::swarm;
+using test::tcp_world;
+
+constexpr std::size_t peer_count = 20;
+
+byte_buffer bytes_of(std::string_view text) {
+    return to_buffer(as_bytes(text));
+}
+
+template <class World>
+void start(swarm<World>& s, std::size_t count = peer_count) {
+    s.options.cache_on_get = false; // so copies are only where stores put them
+    for (std::size_t i = 0; i < count; ++i)
+        s.add(1000 + i);
+    s.bootstrap(1, 5);
+}
+
+template <class World>
+std::tuple<std::error_code, dht::store_outcome> store(swarm<World>& s, std::size_t from,
+                                                      dht::record r) {
+    return s.template wait<std::error_code, dht::store_outcome>(
+        [&](auto handler) { s.members[from].dht->async_store(std::move(r), handler); });
+}
+
+template <class World>
+std::tuple<std::error_code, dht::key_entry> get(swarm<World>& s, std::size_t from,
+                                                const byte_buffer& key, bool latest = false) {
+    return s.template wait<std::error_code, dht::key_entry>([&](auto handler) {
+        s.members[from].dht->async_get(key, dht::get_options{latest}, handler);
+    });
+}
+
+template <class World>
+time_point now(swarm<World>& s) {
+    return s.now();
+}
+
+template <class World>
+std::size_t copies(swarm<World>& s, const byte_buffer& key) {
+    const auto id = dht::id::of_key(key);
+    std::size_t n = 0;
+    for (auto& m : s.members)
+        if (m.dht->local_storage().contains(id, now(s))) ++n;
+    return n;
+}
+
+} // namespace
+
+TEMPLATE_TEST_CASE("every node finds itself and every other node exactly", "[dht][node]", sim_world,
+                   tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    for (std::size_t i = 0; i < peer_count; ++i) {
+        for (std::size_t j = 0; j < peer_count; ++j) {
+            auto& target = s.members[j];
+            auto [ec, nearest] =
+                s.template wait<std::error_code,
+                                std::vector<typename swarm<TestType>::dht_type::contact_type>>(
+                    [&](auto handler) {
+                        s.members[i].dht->async_find_nearest(target.dht->id(), 20, handler);
+                    });
+            INFO("node " << i << " looking for node " << j);
+            REQUIRE_FALSE(ec);
+            REQUIRE_FALSE(nearest.empty());
+            CHECK(nearest.front().id == target.dht->id());
+            CHECK(nearest.front().peer == target.rpc->id());
+            CHECK(nearest.front().endpoint == target.endpoint);
+            CHECK(nearest.size() == peer_count);
+        }
+    }
+}
+
+TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node]", sim_world,
+                   tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    const auto t0 = now(s);
+    const auto key = bytes_of("model/epoch");
+    const auto value = test::pattern(3000, 1);
+    auto [ec, outcome] = store(s, 3, dht::record{key, std::nullopt, value, t0 + 1h, {}});
+    REQUIRE_FALSE(ec);
+    CHECK(outcome.replicas == 5);
+    for (std::size_t i = 0; i < peer_count; ++i) {
+        auto [gec, entry] = get(s, i, key);
+        INFO("getter " << i);
+        REQUIRE_FALSE(gec);
+        REQUIRE(entry.plain);
+        CHECK(entry.key == key);
+        CHECK(entry.plain->value == value);
+        CHECK(entry.plain->expiration == t0 + 1h);
+        CHECK(entry.dictionary.empty());
+    }
+
+    // A dictionary written by three nodes, each subkey with its own expiration.
+    const auto dict = bytes_of("peers");
+    for (std::size_t n = 0; n < 3; ++n) {
+        auto [sec, so] = store(s, 5 + n,
+                               dht::record{dict,
+                                           bytes_of("peer" + std::to_string(n)),
+                                           bytes_of("v" + std::to_string(n)),
+                                           t0 + std::chrono::minutes(10 + n),
+                                           {}});
+        REQUIRE_FALSE(sec);
+        CHECK(so.replicas == 5);
+    }
+    // A later expiration replaces one subkey; an earlier one is refused.
+    auto [uec, updated] =
+        store(s, 9, dht::record{dict, bytes_of("peer1"), bytes_of("v1b"), t0 + 30min, {}});
+    REQUIRE_FALSE(uec);
+    auto [oec, old] =
+        store(s, 9, dht::record{dict, bytes_of("peer2"), bytes_of("old"), t0 + 5min, {}});
+    CHECK(oec == errc::store_refused);
+    REQUIRE(old.refusal);
+    CHECK(*old.refusal == dht::store_status::outdated);
+    for (const bool latest : {false, true}) {
+        auto [gec, entry] = get(s, 15, dict, latest);
+        REQUIRE_FALSE(gec);
+        CHECK_FALSE(entry.plain);
+        REQUIRE(entry.dictionary.size() == 3);
+        CHECK(entry.dictionary.at(bytes_of("peer0")).value == bytes_of("v0"));
+        CHECK(entry.dictionary.at(bytes_of("peer0")).expiration == t0 + 10min);
+        CHECK(entry.dictionary.at(bytes_of("peer1")).value == bytes_of("v1b"));
+        CHECK(entry.dictionary.at(bytes_of("peer1")).expiration == t0 + 30min);
+        CHECK(entry.dictionary.at(bytes_of("peer2")).value == bytes_of("v2"));
+        CHECK(entry.dictionary.at(bytes_of("peer2")).expiration == t0 + 12min);
+    }
+    auto [mec, missing] = get(s, 2, bytes_of("nobody stored this"));
+    CHECK(mec == errc::not_found);
+}
+
+TEMPLATE_TEST_CASE("a store with an older or equal expiration is refused", "[dht][node]", sim_world,
+                   tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    const auto t0 = now(s);
+    const auto key = bytes_of("lease");
+    auto [ec, first] =
+        store(s, 1, dht::record{key, std::nullopt, bytes_of("first"), t0 + 100s, {}});
+    REQUIRE_FALSE(ec);
+    for (const auto expiration : {t0 + 50s, t0 + 100s}) {
+        auto [oec, outcome] =
+            store(s, 2, dht::record{key, std::nullopt, bytes_of("second"), expiration, {}});
+        CHECK(oec == errc::store_refused);
+        CHECK(outcome.replicas == 0);
+        REQUIRE(outcome.refusal);
+        CHECK(*outcome.refusal == dht::store_status::outdated);
+    }
+    auto [pec, past] = store(s, 2, dht::record{key, std::nullopt, bytes_of("late"), t0 - 1s, {}});
+    CHECK(pec == errc::store_refused);
+    REQUIRE(past.refusal);
+    CHECK(*past.refusal == dht::store_status::expired);
+    auto [gec, entry] = get(s, 7, key, true);
+    REQUIRE_FALSE(gec);
+    REQUIRE(entry.plain);
+    CHECK(entry.plain->value == bytes_of("first"));
+}
+
+TEMPLATE_TEST_CASE("exactly num_replicas copies, and storing again does not grow storage",
+                   "[dht][node]", sim_world, tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    const auto t0 = now(s);
+    const auto total_bytes = [&] {
+        std::size_t n = 0;
+        for (auto& m : s.members)
+            n += m.dht->local_storage().bytes_used();
+        return n;
+    };
+    for (int k = 0; k < 10; ++k) {
+        const auto key = bytes_of("replicated/" + std::to_string(k));
+        auto [ec, outcome] = store(s, static_cast<std::size_t>(k),
+                                   dht::record{key, std::nullopt, bytes_of("x"), t0 + 1h, {}});
+        REQUIRE_FALSE(ec);
+        CHECK(outcome.replicas == 5);
+        CHECK(copies(s, key) == 5);
+    }
+    const auto before = total_bytes();
+    for (int k = 0; k < 10; ++k) {
+        const auto key = bytes_of("replicated/" + std::to_string(k));
+        // Same expiration: refused as outdated; later expiration: replaces in place.
+        store(s, 11, dht::record{key, std::nullopt, bytes_of("x"), t0 + 1h, {}});
+        auto [ec, outcome] =
+            store(s, 12, dht::record{key, std::nullopt, bytes_of("y"), t0 + 2h, {}});
+        REQUIRE_FALSE(ec);
+        CHECK(outcome.replicas == 5);
+        CHECK(copies(s, key) == 5);
+    }
+    CHECK(total_bytes() == before);
+}
+
+TEMPLATE_TEST_CASE("falsy keys, subkeys and values work", "[dht][node]", sim_world, tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    const auto t0 = now(s);
+    const byte_buffer empty;
+    const byte_buffer zero{std::byte{0}};
+    auto [e1, o1] = store(s, 1, dht::record{empty, std::nullopt, empty, t0 + 1h, {}});
+    REQUIRE_FALSE(e1);
+    auto [e2, o2] = store(s, 2, dht::record{zero, empty, zero, t0 + 1h, {}});
+    REQUIRE_FALSE(e2);
+    auto [e3, o3] = store(s, 3, dht::record{zero, zero, empty, t0 + 2h, {}});
+    REQUIRE_FALSE(e3);
+    auto [g1, plain] = get(s, 10, empty);
+    REQUIRE_FALSE(g1);
+    REQUIRE(plain.plain);
+    CHECK(plain.key.empty());
+    CHECK(plain.plain->value.empty());
+    auto [g2, dict] = get(s, 11, zero, true);
+    REQUIRE_FALSE(g2);
+    REQUIRE(dict.dictionary.size() == 2);
+    CHECK(dict.dictionary.at(empty).value == zero);
+    CHECK(dict.dictionary.at(zero).value.empty());
+    CHECK(dict.dictionary.at(zero).expiration == t0 + 2h);
+}
+
+TEMPLATE_TEST_CASE("a protected subkey belongs to its owner, also after the owner leaves",
+                   "[dht][node][protection]", sim_world, tcp_world) {
+    swarm<TestType> s;
+    s.options.cache_on_get = false;
+    for (std::size_t i = 0; i < peer_count; ++i) {
+        auto& m = s.add(1000 + i);
+        m.dht->add_validator(std::make_shared<dht::owner_validator>(m.rpc->identity()));
+    }
+    s.bootstrap(1, 5);
+    const auto t0 = now(s);
+    auto& owner = s.members[4];
+    auto& intruder = s.members[9];
+    const auto key = bytes_of("progress");
+    const auto subkey = bytes_of(dht::owner_marker(owner.rpc->identity().public_key()));
+    auto [ec, outcome] = store(s, 4, dht::record{key, subkey, bytes_of("mine"), t0 + 1h, {}});
+    REQUIRE_FALSE(ec);
+    CHECK(outcome.replicas == 5);
+
+    const auto intrude = [&] {
+        // Through the API: the intruder cannot sign, so its node refuses to send.
+        auto [iec, refused] =
+            store(s, 9, dht::record{key, subkey, bytes_of("stolen"), t0 + 2h, {}});
+        CHECK(iec == errc::store_refused);
+        REQUIRE(refused.refusal);
+        CHECK(*refused.refusal == dht::store_status::invalid);
+        // Straight to every node, signed with the intruder's own key: each refuses it.
+        dht::record forged{key, subkey, bytes_of("stolen"), t0 + 2h, {}};
+        const auto signature = intruder.rpc->identity().sign(dht::signing_payload(forged));
+        forged.signature.assign(signature.view().begin(), signature.view().end());
+        dht::store_request request{{}, {{forged, false}}};
+        for (std::size_t i = 0; i < peer_count; ++i) {
+            if (i == 4 || i == 9) continue;
+            auto [cec, raw] = s.template wait<std::error_code, byte_buffer>([&](auto handler) {
+                intruder.rpc->async_call(s.members[i].address(), "dht.store", dht::encode(request),
+                                         10s, handler);
+            });
+            REQUIRE_FALSE(cec);
+            dht::store_response response;
+            REQUIRE_FALSE(dht::decode(raw, response));
+            REQUIRE(response.statuses.size() == 1);
+            CHECK(response.statuses[0] == dht::store_status::invalid);
+        }
+        auto [gec, entry] = get(s, 15, key, true);
+        REQUIRE_FALSE(gec);
+        REQUIRE(entry.dictionary.size() == 1);
+        CHECK(entry.dictionary.at(subkey).value == bytes_of("mine"));
+    };
+    intrude();
+    owner.dht->close();
+    owner.rpc->close();
+    intrude();
+}
+
+TEMPLATE_TEST_CASE("a client asks but serves nothing and stays out of routing tables",
+                   "[dht][node]", sim_world, tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    auto& client = s.add(5000, true);
+    const auto client_index = s.members.size() - 1;
+    auto [bec] = s.template wait<std::error_code>([&](auto handler) {
+        client.dht->async_bootstrap({s.members[0].address(), s.members[7].address()}, handler);
+    });
+    REQUIRE_FALSE(bec);
+    CHECK(client.dht->client_mode());
+    CHECK(client.dht->table().size() >= 10);
+    const auto t0 = now(s);
+    auto [ec, outcome] =
+        store(s, client_index,
+              dht::record{bytes_of("from a client"), std::nullopt, bytes_of("hi"), t0 + 1h, {}});
+    REQUIRE_FALSE(ec);
+    CHECK(outcome.replicas == 5);
+    CHECK(copies(s, bytes_of("from a client")) == 5);
+    CHECK(client.dht->local_storage().key_count() == 0);
+    auto [gec, entry] = get(s, 3, bytes_of("from a client"));
+    REQUIRE_FALSE(gec);
+    for (auto& m : s.members)
+        CHECK(m.dht->table().find(client.dht->id()) == nullptr);
+}
+
+TEMPLATE_TEST_CASE("malformed requests are refused and their sender penalised", "[dht][node]",
+                   sim_world, tcp_world) {
+    swarm<TestType> s;
+    start(s, 4);
+    auto& victim = s.members[0];
+    auto& sender = s.members[1];
+    REQUIRE(victim.dht->table().find(sender.dht->id()) != nullptr);
+    const auto refused_before = victim.dht->statistics().requests_refused;
+    for (const auto method : {"dht.ping", "dht.store", "dht.find"}) {
+        auto [ec, raw] = s.template wait<std::error_code, byte_buffer>([&](auto handler) {
+            sender.rpc->async_call(victim.address(), method, test::pattern(40, 3), 10s, handler);
+        });
+        INFO(method);
+        CHECK(ec);
+        CHECK(ec != errc::timeout);
+    }
+    CHECK(victim.dht->statistics().requests_refused >= refused_before + 1);
+    CHECK(victim.dht->table().find(sender.dht->id()) == nullptr);
+    // The penalty used up the sender's allowance: even a valid request is refused now.
+    auto [pec, pong] = s.template wait<std::error_code, byte_buffer>([&](auto handler) {
+        sender.rpc->async_call(victim.address(), "dht.ping", dht::encode(dht::ping_request{}), 10s,
+                               handler);
+    });
+    CHECK(pec == errc::rate_limited);
+    // An oversized value is refused by the storing node before anything is sent.
+    const auto t0 = now(s);
+    auto [sec, outcome] = store(s, 2,
+                                dht::record{bytes_of("big"),
+                                            std::nullopt,
+                                            byte_buffer(s.options.messages.max_value_size + 1),
+                                            t0 + 1h,
+                                            {}});
+    CHECK(sec == errc::store_refused);
+    REQUIRE(outcome.refusal);
+    CHECK(*outcome.refusal == dht::store_status::too_large);
+}
