@@ -21,16 +21,9 @@ using hivemesh::errc;
 
 namespace {
 
+using hivemesh::test::bytes_of;
+
 using hivemesh::test::hex;
-
-byte_buffer bytes(std::initializer_list<int> values) {
-    byte_buffer out;
-    for (const int v : values)
-        out.push_back(static_cast<std::byte>(v));
-    return out;
-}
-
-// Lower-case hex with spaces, so a failed comparison shows the bytes.
 
 template <class T>
 std::string encode_hex(T value) {
@@ -91,7 +84,7 @@ TEST_CASE("sized bytes and strings carry a u32 little-endian length", "[core][bi
 }
 
 TEST_CASE("the writer appends to the caller's buffer", "[core][binary]") {
-    byte_buffer buf = bytes({0xEE});
+    byte_buffer buf = bytes_of({0xEE});
     binary_writer w(buf);
     CHECK(w.size() == 1);
     CHECK(&w.buffer() == &buf);
@@ -187,7 +180,7 @@ TEST_CASE("sized bytes and strings round-trip", "[core][binary]") {
     w.write_string("");
     w.write_string("hello");
     w.write_sized_bytes(hivemesh::as_bytes(big));
-    w.write_sized_bytes(bytes({0, 1, 0xFF}));
+    w.write_sized_bytes(bytes_of({0, 1, 0xFF}));
 
     binary_reader r(buf);
     CHECK(r.read_string(0).empty());
@@ -344,7 +337,7 @@ TEST_CASE("finish() reports trailing data", "[core][binary]") {
     binary_reader empty(byte_view{});
     CHECK_FALSE(empty.finish());
 
-    const byte_buffer unread_input = bytes({1, 2});
+    const byte_buffer unread_input = bytes_of({1, 2});
 
     binary_reader unread(unread_input);
     CHECK(unread.read<std::uint8_t>() == 1);
@@ -354,7 +347,7 @@ TEST_CASE("finish() reports trailing data", "[core][binary]") {
 
 TEST_CASE("the first error wins", "[core][binary]") {
     SECTION("an explicit failure, then a truncation") {
-        const byte_buffer r_input = bytes({1, 2, 3, 4, 5, 6, 7, 8});
+        const byte_buffer r_input = bytes_of({1, 2, 3, 4, 5, 6, 7, 8});
         binary_reader r(r_input);
         CHECK(r.read<std::uint8_t>() == 1);
         CHECK_FALSE(r.fail(errc::corrupt_data));
@@ -366,7 +359,7 @@ TEST_CASE("the first error wins", "[core][binary]") {
         CHECK(r.finish() == errc::corrupt_data);
     }
     SECTION("a truncation, then explicit failures") {
-        const byte_buffer r_input = bytes({1, 2});
+        const byte_buffer r_input = bytes_of({1, 2});
         binary_reader r(r_input);
         CHECK(r.read<std::uint32_t>() == 0);
         CHECK(r.error() == errc::truncated_input);
@@ -385,7 +378,7 @@ TEST_CASE("the first error wins", "[core][binary]") {
         CHECK(r.error() == errc::length_limit_exceeded);
     }
     SECTION("a foreign error code is kept as is") {
-        const byte_buffer r_input = bytes({1});
+        const byte_buffer r_input = bytes_of({1});
         binary_reader r(r_input);
         r.fail(std::make_error_code(std::errc::io_error));
         CHECK(r.error() == std::errc::io_error);
@@ -493,7 +486,7 @@ TEST_CASE("read_count checks counts before anything is allocated", "[core][binar
         CHECK(too_many.error() == errc::length_limit_exceeded);
     }
     SECTION("a truncated count field") {
-        const byte_buffer r_input = bytes({1, 0, 0, 0, 0, 0, 0});
+        const byte_buffer r_input = bytes_of({1, 0, 0, 0, 0, 0, 0});
         binary_reader r(r_input);
         CHECK(r.read_count(1, no_limit) == 0);
         CHECK(r.error() == errc::truncated_input);
@@ -579,7 +572,7 @@ TEST_CASE("read_sized_bytes and read_string reject hostile lengths", "[core][bin
         CHECK_FALSE(s.finish());
     }
     SECTION("read_bytes") {
-        const byte_buffer buf = bytes({1, 2, 3});
+        const byte_buffer buf = bytes_of({1, 2, 3});
         binary_reader r(buf);
         CHECK(r.read_bytes(0).empty());
         CHECK(r.ok());

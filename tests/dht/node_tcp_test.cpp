@@ -13,15 +13,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
+using test::bytes_of;
 using test::sim_world;
 using test::swarm;
 using test::tcp_world;
 
 constexpr std::size_t peer_count = 20;
-
-byte_buffer bytes_of(std::string_view text) {
-    return to_buffer(as_bytes(text));
-}
 
 template <class World>
 void start(swarm<World>& s, std::size_t count = peer_count) {

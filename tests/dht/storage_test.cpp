@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "net/test_support.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <iterator>
@@ -26,12 +28,10 @@ using hivemesh::dht::stored_value;
 
 namespace {
 
+using hivemesh::test::bytes_of;
+
 time_point at(std::int64_t seconds) {
     return time_point{std::chrono::seconds(seconds)};
-}
-
-byte_buffer bytes(std::string_view s) {
-    return hivemesh::to_buffer(hivemesh::as_bytes(s));
 }
 
 std::string text(const byte_buffer& b) {
@@ -39,12 +39,12 @@ std::string text(const byte_buffer& b) {
 }
 
 record plain(std::string_view key, std::string_view value, time_point expiration) {
-    return {bytes(key), std::nullopt, bytes(value), expiration, {}};
+    return {bytes_of(key), std::nullopt, bytes_of(value), expiration, {}};
 }
 
 record item(std::string_view key, std::string_view subkey, std::string_view value,
             time_point expiration) {
-    return {bytes(key), bytes(subkey), bytes(value), expiration, {}};
+    return {bytes_of(key), bytes_of(subkey), bytes_of(value), expiration, {}};
 }
 
 id key_of(std::string_view key) {
@@ -500,8 +500,8 @@ TEST_CASE("random operations match a reference model", "[dht][storage]") {
         const std::string value(rng.uniform(3), static_cast<char>('a' + rng.uniform(26)));
         const std::int64_t expiration = now - 2 + static_cast<std::int64_t>(rng.uniform(20));
 
-        record r{bytes(key), std::nullopt, bytes(value), at(expiration), {}};
-        if (subkey) r.subkey = bytes(*subkey);
+        record r{bytes_of(key), std::nullopt, bytes_of(value), at(expiration), {}};
+        if (subkey) r.subkey = bytes_of(*subkey);
         const store_status expected = m.store(key, subkey, value, expiration, now);
         INFO("step " << step << " key '" << key << "' subkey " << (subkey ? *subkey : "-")
                      << " expiration " << expiration << " now " << now);

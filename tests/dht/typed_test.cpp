@@ -23,14 +23,9 @@ using hivemesh::errc;
 
 namespace {
 
-using hivemesh::test::hex;
+using hivemesh::test::bytes_of;
 
-byte_buffer bytes(std::initializer_list<int> values) {
-    byte_buffer out;
-    for (const int v : values)
-        out.push_back(static_cast<std::byte>(v));
-    return out;
-}
+using hivemesh::test::hex;
 
 template <class T>
 std::string encode_hex(const T& value) {
@@ -129,7 +124,7 @@ TEST_CASE("typed values: integers are little-endian with exact widths", "[dht]")
     CHECK(encode_hex('A') == "41");
 
     std::uint32_t u = 0;
-    CHECK(dht::decode_value(bytes({0x04, 0x03, 0x02, 0x01}), u) == std::error_code{});
+    CHECK(dht::decode_value(bytes_of({0x04, 0x03, 0x02, 0x01}), u) == std::error_code{});
     CHECK(u == 0x01020304);
     for (const auto v : {std::numeric_limits<std::int64_t>::min(), std::int64_t{-1},
                          std::int64_t{0}, std::numeric_limits<std::int64_t>::max()})
@@ -139,9 +134,9 @@ TEST_CASE("typed values: integers are little-endian with exact widths", "[dht]")
 
 TEST_CASE("typed values: exact size is required", "[dht]") {
     std::uint32_t u = 7;
-    CHECK(dht::decode_value(bytes({1, 2, 3}), u) == errc::truncated_input);
-    CHECK(dht::decode_value(bytes({}), u) == errc::truncated_input);
-    CHECK(dht::decode_value(bytes({1, 2, 3, 4, 5}), u) == errc::trailing_data);
+    CHECK(dht::decode_value(bytes_of({1, 2, 3}), u) == errc::truncated_input);
+    CHECK(dht::decode_value(bytes_of({}), u) == errc::truncated_input);
+    CHECK(dht::decode_value(bytes_of({1, 2, 3, 4, 5}), u) == errc::trailing_data);
     CHECK(u == 7); // untouched on failure
     point p{1, 2};
     CHECK(dht::decode_value(byte_buffer(7), p) == errc::truncated_input);
@@ -156,20 +151,20 @@ TEST_CASE("typed values: bool is one byte, 0 or 1", "[dht]") {
     CHECK(encode_hex(true) == "01");
     CHECK(encode_hex(false) == "00");
     bool b = false;
-    CHECK(dht::decode_value(bytes({1}), b) == std::error_code{});
+    CHECK(dht::decode_value(bytes_of({1}), b) == std::error_code{});
     CHECK(b);
-    CHECK(dht::decode_value(bytes({0}), b) == std::error_code{});
+    CHECK(dht::decode_value(bytes_of({0}), b) == std::error_code{});
     CHECK(!b);
     b = true;
-    CHECK(dht::decode_value(bytes({2}), b) == errc::corrupt_data);
-    CHECK(dht::decode_value(bytes({0xFF}), b) == errc::corrupt_data);
+    CHECK(dht::decode_value(bytes_of({2}), b) == errc::corrupt_data);
+    CHECK(dht::decode_value(bytes_of({0xFF}), b) == errc::corrupt_data);
     CHECK(b);
 
     std::vector<bool> flags;
-    CHECK(dht::decode_value(bytes({1, 0, 1}), flags) == std::error_code{});
+    CHECK(dht::decode_value(bytes_of({1, 0, 1}), flags) == std::error_code{});
     CHECK(flags == std::vector<bool>{true, false, true});
-    CHECK(dht::encode_value(flags) == bytes({1, 0, 1}));
-    CHECK(dht::decode_value(bytes({1, 3}), flags) == errc::corrupt_data);
+    CHECK(dht::encode_value(flags) == bytes_of({1, 0, 1}));
+    CHECK(dht::decode_value(bytes_of({1, 3}), flags) == errc::corrupt_data);
     CHECK(flags == std::vector<bool>{true, false, true});
 }
 
@@ -185,7 +180,7 @@ TEST_CASE("typed values: floats keep their bit patterns", "[dht]") {
     const float nan = std::bit_cast<float>(std::uint32_t{0x7FC01234}); // NaN with a payload
     CHECK(std::bit_cast<std::uint32_t>(round_trip(nan)) == 0x7FC01234);
     double d = 0;
-    CHECK(dht::decode_value(bytes({0, 0, 0, 0, 0, 0, 0xF0, 0x3F}), d) == std::error_code{});
+    CHECK(dht::decode_value(bytes_of({0, 0, 0, 0, 0, 0, 0xF0, 0x3F}), d) == std::error_code{});
     CHECK(d == 1.0);
 }
 
@@ -197,7 +192,7 @@ TEST_CASE("typed values: enums use their underlying type", "[dht]") {
     CHECK(encode_hex(dht::store_status::rate_limited) == "07");
     // Values outside the named ones are kept: validation is the application's business.
     colour c = colour::red;
-    CHECK(dht::decode_value(bytes({0x34, 0x12}), c) == std::error_code{});
+    CHECK(dht::decode_value(bytes_of({0x34, 0x12}), c) == std::error_code{});
     CHECK(static_cast<std::uint16_t>(c) == 0x1234);
 }
 
@@ -209,7 +204,7 @@ TEST_CASE("typed values: strings and bytes are stored as they are", "[dht]") {
     CHECK(round_trip(std::string()) == std::string());
     CHECK(round_trip(std::string(70000, 'x')) == std::string(70000, 'x'));
 
-    const byte_buffer raw = bytes({0, 0xFF, 7});
+    const byte_buffer raw = bytes_of({0, 0xFF, 7});
     CHECK(dht::encode_value(raw) == raw);
     CHECK(round_trip(raw) == raw);
     CHECK(round_trip(byte_buffer{}).empty());

@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "net/test_support.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -29,12 +31,10 @@ using hivemesh::dht::validator_chain;
 
 namespace {
 
+using hivemesh::test::bytes_of;
+
 time_point at(std::int64_t seconds) {
     return time_point{std::chrono::seconds(seconds)};
-}
-
-byte_buffer bytes(std::string_view s) {
-    return hivemesh::to_buffer(hivemesh::as_bytes(s));
 }
 
 identity identity_of(std::uint8_t fill) {
@@ -43,11 +43,11 @@ identity identity_of(std::uint8_t fill) {
 }
 
 record plain(std::string key, std::string value, time_point expiration) {
-    return {bytes(key), std::nullopt, bytes(value), expiration, {}};
+    return {bytes_of(key), std::nullopt, bytes_of(value), expiration, {}};
 }
 
 record item(std::string key, std::string subkey, std::string value, time_point expiration) {
-    return {bytes(key), bytes(subkey), bytes(value), expiration, {}};
+    return {bytes_of(key), bytes_of(subkey), bytes_of(value), expiration, {}};
 }
 
 std::error_code code(errc e) {
@@ -78,7 +78,7 @@ TEST_CASE("signing payload: exact, delimited encoding", "[dht][validator]") {
     CHECK(signing_payload(r) == expected);
 
     // With a subkey: presence byte, then the length-prefixed subkey.
-    r.subkey = bytes("s");
+    r.subkey = bytes_of("s");
     byte_buffer with_subkey(expected.begin(), expected.begin() + 4 + 22 + 4 + 1);
     for (int v : {1, 1, 0, 0, 0})
         with_subkey.push_back(static_cast<std::byte>(v));
@@ -98,7 +98,7 @@ TEST_CASE("signing payload: exact, delimited encoding", "[dht][validator]") {
             CHECK(signing_payload(distinct[i]) != signing_payload(distinct[j]));
     // The signature is not signed.
     record signed_record = plain("ab", "c", t);
-    signed_record.signature = bytes("sig");
+    signed_record.signature = bytes_of("sig");
     CHECK(signing_payload(signed_record) == signing_payload(plain("ab", "c", t)));
 }
 
@@ -186,20 +186,20 @@ TEST_CASE("owner validator: a signed protected record is accepted, any change re
         CHECK_FALSE(other.validate(r)); // any node verifies it
 
         record changed = r;
-        changed.value = bytes("valuf");
+        changed.value = bytes_of("valuf");
         CHECK(other.validate(changed) == code(errc::bad_signature));
         changed = r;
-        changed.key = bytes("kez" + mine.marker());
+        changed.key = bytes_of("kez" + mine.marker());
         CHECK(other.validate(changed) == code(errc::bad_signature));
         changed = r;
         changed.expiration += std::chrono::nanoseconds(1);
         CHECK(other.validate(changed) == code(errc::bad_signature));
         changed = r;
-        changed.subkey = with_subkey ? std::nullopt : std::optional<byte_buffer>(bytes("sub"));
+        changed.subkey = with_subkey ? std::nullopt : std::optional<byte_buffer>(bytes_of("sub"));
         CHECK(other.validate(changed) == code(errc::bad_signature));
         if (with_subkey) {
             changed = r;
-            changed.subkey = bytes("sua");
+            changed.subkey = bytes_of("sua");
             CHECK(other.validate(changed) == code(errc::bad_signature));
         }
         changed = r;
@@ -259,8 +259,8 @@ TEST_CASE("owner validator: another identity cannot write a protected subkey", "
     const auto entry = s.get(hivemesh::dht::id::of_key(std::string_view("peers")), at(0));
     REQUIRE(entry);
     REQUIRE(entry->dictionary.size() == 2);
-    CHECK(entry->dictionary.at(bytes(alice_v.marker())).value == bytes("alice's address"));
-    CHECK(entry->dictionary.at(bytes(bob_v.marker())).value == bytes("bob's address"));
+    CHECK(entry->dictionary.at(bytes_of(alice_v.marker())).value == bytes_of("alice's address"));
+    CHECK(entry->dictionary.at(bytes_of(bob_v.marker())).value == bytes_of("bob's address"));
 }
 
 TEST_CASE("owner validator: conflicting markers are refused", "[dht][validator]") {
@@ -304,8 +304,8 @@ TEST_CASE("schema validator: hook runs on keys under its prefix", "[dht][validat
             ++calls;
             return r.value.empty() ? code(errc::corrupt_data) : std::error_code{};
         },
-        bytes("typed/"));
-    CHECK(v.key_prefix() == bytes("typed/"));
+        bytes_of("typed/"));
+    CHECK(v.key_prefix() == bytes_of("typed/"));
     CHECK(v.validate(plain("typed/x", "", at(1))) == code(errc::corrupt_data));
     CHECK_FALSE(v.validate(plain("typed/x", "1", at(1))));
     CHECK_FALSE(v.validate(item("typed/", "s", "1", at(1))));
@@ -329,7 +329,7 @@ TEST_CASE("validator chain: first error wins, signing runs every validator", "[d
     validator_chain empty;
     CHECK(empty.empty());
     record garbage = plain("[owner:nonsense]", "", at(1));
-    garbage.signature = bytes("not a signature");
+    garbage.signature = bytes_of("not a signature");
     CHECK_FALSE(empty.validate(garbage));
     record untouched = garbage;
     empty.sign(untouched);
@@ -340,7 +340,7 @@ TEST_CASE("validator chain: first error wins, signing runs every validator", "[d
     validator_chain chain;
     chain.add(std::make_shared<schema_validator>([&](const record& r) -> std::error_code {
         order.push_back("schema");
-        return r.value == bytes("bad") ? code(errc::corrupt_data) : std::error_code{};
+        return r.value == bytes_of("bad") ? code(errc::corrupt_data) : std::error_code{};
     }));
     chain.add(std::make_shared<owner_validator>(alice));
     chain.add(std::make_shared<schema_validator>(
@@ -348,7 +348,7 @@ TEST_CASE("validator chain: first error wins, signing runs every validator", "[d
             order.push_back("last");
             return code(errc::remote_error);
         },
-        bytes("fail/")));
+        bytes_of("fail/")));
     CHECK(chain.size() == 3);
     CHECK_FALSE(chain.empty());
 
@@ -364,7 +364,7 @@ TEST_CASE("validator chain: first error wins, signing runs every validator", "[d
     chain.sign(bad);
     CHECK(chain.validate(bad) == code(errc::corrupt_data));
     CHECK(order == std::vector<std::string>{"schema"});
-    bad.value = bytes("fine");
+    bad.value = bytes_of("fine");
     chain.sign(bad); // re-signed over the new value
     order.clear();
     CHECK(chain.validate(bad) == code(errc::remote_error));

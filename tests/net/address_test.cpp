@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "net/test_support.hpp"
+
 #include <compare>
 #include <cstdint>
 #include <optional>
@@ -25,6 +27,8 @@ namespace reason = hivemesh::net::detail;
 
 namespace {
 
+using hivemesh::test::bytes_of;
+
 peer_id test_peer(std::uint8_t fill = 7) {
     return peer_id::from_public_key(byte_buffer(32, std::byte{fill}));
 }
@@ -41,13 +45,6 @@ std::error_code decode(const byte_buffer& bytes, peer_address& out) {
     binary_reader r(bytes);
     out = peer_address::read(r);
     return r.finish();
-}
-
-byte_buffer bytes_of(std::initializer_list<int> values) {
-    byte_buffer out;
-    for (const int v : values)
-        out.push_back(static_cast<std::byte>(v));
-    return out;
 }
 
 void append_text(byte_buffer& out, std::string_view text) {

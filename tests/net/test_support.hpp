@@ -6,7 +6,9 @@
 
 #include <array>
 #include <cstdio>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 namespace hivemesh::test {
 
@@ -24,6 +26,19 @@ inline crypto::identity identity_of(std::uint8_t n) {
     std::array<std::byte, 32> seed{};
     seed.fill(std::byte{n});
     return crypto::identity::from_seed(seed);
+}
+
+/// The bytes with these values (each 0..255), for exact oracles.
+inline byte_buffer bytes_of(std::initializer_list<int> values) {
+    byte_buffer out;
+    for (const int v : values)
+        out.push_back(static_cast<std::byte>(v));
+    return out;
+}
+
+/// The bytes of `text`.
+inline byte_buffer bytes_of(std::string_view text) {
+    return to_buffer(as_bytes(text));
 }
 
 /// Bytes as space-separated lowercase hex pairs, for messages and exact oracles.

@@ -514,23 +514,22 @@ private:
 
     // ---- serving -----------------------------------------------------------------------
 
+    using serve_function = std::error_code (*)(const state_ptr&, const net::call_context&,
+                                               byte_view, byte_buffer&);
+
     static void register_handlers(const state_ptr& st) {
-        std::weak_ptr<state> weak = st;
-        st->rpc->add_handler("dht.ping",
-                             [weak](const net::call_context& context, byte_view request,
-                                    byte_buffer& response) -> asio::awaitable<std::error_code> {
-                                 co_return serve_ping(weak.lock(), context, request, response);
-                             });
-        st->rpc->add_handler("dht.store",
-                             [weak](const net::call_context& context, byte_view request,
-                                    byte_buffer& response) -> asio::awaitable<std::error_code> {
-                                 co_return serve_store(weak.lock(), context, request, response);
-                             });
-        st->rpc->add_handler("dht.find",
-                             [weak](const net::call_context& context, byte_view request,
-                                    byte_buffer& response) -> asio::awaitable<std::error_code> {
-                                 co_return serve_find(weak.lock(), context, request, response);
-                             });
+        // Handlers hold the state weakly: the RPC node may outlive this node.
+        const auto add = [&](const char* method, serve_function serve) {
+            st->rpc->add_handler(method,
+                                 [weak = std::weak_ptr<state>(st), serve](
+                                     const net::call_context& context, byte_view request,
+                                     byte_buffer& response) -> asio::awaitable<std::error_code> {
+                                     co_return serve(weak.lock(), context, request, response);
+                                 });
+        };
+        add("dht.ping", &serve_ping);
+        add("dht.store", &serve_store);
+        add("dht.find", &serve_find);
     }
 
     /// Admits a request: the node is open, the sender within its allowance and not
