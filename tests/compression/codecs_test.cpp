@@ -21,14 +21,19 @@ namespace {
 // Largest error each codec may make on an element, as a multiple of the data's scale.
 double tolerance(kind k, const std::vector<float>& x) {
     double absmax = 0;
-    for (float v : x) absmax = std::max(absmax, static_cast<double>(std::abs(v)));
+    for (float v : x)
+        absmax = std::max(absmax, static_cast<double>(std::abs(v)));
     switch (k) {
-    case kind::none: return 0;
+    case kind::none:
+        return 0;
     case kind::float16:
-    case kind::meanstd_16bit: return absmax * 1e-3 + 1e-6;
-    case kind::blockwise_8bit: return absmax * 0.00703125 * (1 + 1e-5);
+    case kind::meanstd_16bit:
+        return absmax * 1e-3 + 1e-6;
+    case kind::blockwise_8bit:
+        return absmax * 0.00703125 * (1 + 1e-5);
     case kind::uniform_8bit:
-    case kind::quantile_8bit: return absmax; // bounded by the bin, checked statistically below
+    case kind::quantile_8bit:
+        return absmax; // bounded by the bin, checked statistically below
     }
     return 0;
 }
@@ -66,6 +71,25 @@ TEST_CASE("every codec round-trips every size and pattern", "[compression]") {
     if (k == kind::none) CHECK(y == x);
 }
 
+TEST_CASE("compress_into appends after a prefix of any length, aligned or not", "[compression]") {
+    std::vector<float> values(1003); // not a multiple of 8: the scalar tails run too
+    for (std::size_t i = 0; i < values.size(); ++i)
+        values[i] = 0.001f * static_cast<float>(i) - 0.3f;
+    for (kind k : all_kinds)
+        for (std::size_t prefix : {0u, 1u, 3u, 9u}) {
+            INFO(to_string(k) << " after " << prefix << " bytes");
+            byte_buffer out(prefix, std::byte{0xEE});
+            REQUIRE_FALSE(compress_into(k, values, out));
+            const byte_view payload = byte_view(out).subspan(prefix);
+            CHECK(hivemesh::to_buffer(payload) == compress(k, values)); // same bytes as alone
+            std::vector<float> back(values.size());
+            REQUIRE_FALSE(decompress_into(payload, back)); // decodes from an odd address
+            CHECK(back == decompress(compress(k, values)));
+            CHECK(std::all_of(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(prefix),
+                              [](std::byte b) { return b == std::byte{0xEE}; }));
+        }
+}
+
 TEST_CASE("compressed sizes are what the formats say", "[compression]") {
     const std::size_t n = 10000;
     CHECK(compressed_size(kind::none, n) == 16 + 4 * n);
@@ -101,7 +125,8 @@ TEST_CASE("uniform_8bit and quantile_8bit keep the mean", "[compression]") {
     const auto k = GENERATE(kind::uniform_8bit, kind::quantile_8bit);
     CAPTURE(to_string(k));
     auto x = test::make_data(pattern::normal, 128 * 128 * 64, 3);
-    for (auto& v : x) v = v * 2.0f + 0.75f; // a mean far from zero
+    for (auto& v : x)
+        v = v * 2.0f + 0.75f; // a mean far from zero
     const auto y = decompress(compress(k, x));
     double sum_x = 0, sum_y = 0;
     for (std::size_t i = 0; i < x.size(); ++i) {
@@ -132,12 +157,14 @@ TEST_CASE("meanstd_16bit keeps each row's mean and scale", "[compression]") {
     random_generator rng(9);
     for (std::size_t row = 0; row < 4; ++row)
         for (std::size_t i = 0; i < 256; ++i)
-            x[row * 256 + i] = static_cast<float>(1000.0 * row + std::pow(10.0, row) * rng.normal());
+            x[row * 256 + i] =
+                static_cast<float>(1000.0 * row + std::pow(10.0, row) * rng.normal());
     const auto y = decompress(compress(kind::meanstd_16bit, x, {.row_length = 256}));
     for (std::size_t row = 0; row < 4; ++row)
         for (std::size_t i = 0; i < 256; ++i) {
             const double scale = std::pow(10.0, row);
-            CHECK(std::abs(x[row * 256 + i] - y[row * 256 + i]) <= scale * 5e-3 + 1e-4 * row * 1000);
+            CHECK(std::abs(x[row * 256 + i] - y[row * 256 + i]) <=
+                  scale * 5e-3 + 1e-4 * row * 1000);
         }
     CHECK_THROWS_AS(compress(kind::meanstd_16bit, x, {.row_length = 1000}), std::system_error);
 }
@@ -148,9 +175,9 @@ TEST_CASE("float16 conversion is correctly rounded and clamps", "[compression]")
     CHECK(float_to_half_bits(1.0f) == 0x3C00);
     CHECK(float_to_half_bits(-2.0f) == 0xC000);
     CHECK(float_to_half_bits(65504.0f) == 0x7BFF);
-    CHECK(float_to_half_bits(0x1p-24f) == 0x0001); // smallest subnormal
-    CHECK(float_to_half_bits(0x1p-25f) == 0x0000); // halfway to zero: ties to even
-    CHECK(float_to_half_bits(1.0f + 0x1p-11f) == 0x3C00); // halfway: ties to even (down)
+    CHECK(float_to_half_bits(0x1p-24f) == 0x0001);            // smallest subnormal
+    CHECK(float_to_half_bits(0x1p-25f) == 0x0000);            // halfway to zero: ties to even
+    CHECK(float_to_half_bits(1.0f + 0x1p-11f) == 0x3C00);     // halfway: ties to even (down)
     CHECK(float_to_half_bits(1.0f + 3 * 0x1p-11f) == 0x3C02); // halfway: ties to even (up)
     // Every half value converts to float and back unchanged.
     for (std::uint32_t h = 0; h < 0x10000; ++h) {
@@ -159,9 +186,19 @@ TEST_CASE("float16 conversion is correctly rounded and clamps", "[compression]")
         REQUIRE(float_to_half_bits(f) == h);
     }
     // The bulk path (F16C where present) agrees with the portable one on awkward values.
-    std::vector<float> awkward = {0.0f, -0.0f, 1e-8f, -6.1e-5f, 0.1f, 65519.0f, 65520.0f, 1e6f,
-                                  -1e6f, std::numeric_limits<float>::infinity(),
-                                  std::numeric_limits<float>::quiet_NaN(), 0x1p-25f, 3.14159f};
+    std::vector<float> awkward = {0.0f,
+                                  -0.0f,
+                                  1e-8f,
+                                  -6.1e-5f,
+                                  0.1f,
+                                  65519.0f,
+                                  65520.0f,
+                                  1e6f,
+                                  -1e6f,
+                                  std::numeric_limits<float>::infinity(),
+                                  std::numeric_limits<float>::quiet_NaN(),
+                                  0x1p-25f,
+                                  3.14159f};
     std::vector<std::uint16_t> bulk(awkward.size());
     detail::floats_to_halves(awkward.data(), bulk.data(), awkward.size());
     for (std::size_t i = 0; i < awkward.size(); ++i) {
@@ -191,7 +228,8 @@ TEST_CASE("non-finite inputs follow the documented rule", "[compression]") {
     CHECK(half[4] == 65504.0f);
     CHECK(half[5] == -2.0f);
 
-    for (kind k : {kind::meanstd_16bit, kind::uniform_8bit, kind::quantile_8bit, kind::blockwise_8bit}) {
+    for (kind k :
+         {kind::meanstd_16bit, kind::uniform_8bit, kind::quantile_8bit, kind::blockwise_8bit}) {
         CAPTURE(to_string(k));
         byte_buffer out = {std::byte{42}};
         CHECK(compress_into(k, x, out) == errc::non_finite_input);
@@ -224,8 +262,10 @@ TEST_CASE("threads split work without changing the bytes", "[compression]") {
 TEST_CASE("options are validated", "[compression]") {
     const std::vector<float> x(100, 1.0f);
     byte_buffer out;
-    CHECK(compress_into(kind::blockwise_8bit, x, out, {.block_size = 63}) == errc::invalid_argument);
-    CHECK(compress_into(kind::blockwise_8bit, x, out, {.block_size = 4097}) == errc::invalid_argument);
+    CHECK(compress_into(kind::blockwise_8bit, x, out, {.block_size = 63}) ==
+          errc::invalid_argument);
+    CHECK(compress_into(kind::blockwise_8bit, x, out, {.block_size = 4097}) ==
+          errc::invalid_argument);
     CHECK(compress_into(kind::meanstd_16bit, x, out, {.row_length = 7}) == errc::invalid_argument);
     CHECK(compress_into(static_cast<kind>(9), x, out) == errc::unknown_codec);
     CHECK(out.empty());
@@ -241,6 +281,7 @@ TEST_CASE("the original dtype travels in the header", "[compression]") {
 }
 
 TEST_CASE("codec names parse back", "[compression]") {
-    for (kind k : all_kinds) CHECK(parse_kind(to_string(k)) == k);
+    for (kind k : all_kinds)
+        CHECK(parse_kind(to_string(k)) == k);
     CHECK_FALSE(parse_kind("float8").has_value());
 }

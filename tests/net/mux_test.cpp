@@ -388,6 +388,45 @@ TEST_CASE("dropping a stream resets it, unless it already said everything", "[ne
     pair.run([&] { return pair.a->stream_count() == 0 && pair.b->stream_count() == 0; });
 }
 
+TEST_CASE("a peer that ends cleanly while our send is queued: what it sent stays readable",
+          "[net][mux]") {
+    mux_pair pair;
+    mux_stream s;
+    auto opened = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        const std::error_code open_error = co_await pair.a->open(s);
+        REQUIRE_FALSE(open_error);
+        const std::error_code sent = co_await s.send(pattern(10, 1));
+        REQUIRE_FALSE(sent);
+    });
+    pair.run(opened);
+    pair.run([&] { return pair.incoming_b.size() == 1; });
+    // More than the peer's window, which it never reads: stays queued.
+    std::optional<std::error_code> big;
+    auto sender = spawn(
+        pair.io, [&]() -> asio::awaitable<void> { big = co_await s.send(pattern(8u << 20, 2)); });
+    for (int i = 0; i < 50; ++i)
+        pair.io.poll();
+    REQUIRE_FALSE(big.has_value());
+    auto server = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        mux_stream peer = std::move(pair.incoming_b[0]);
+        const std::error_code ec = co_await peer.send(pattern(5, 5), true);
+        REQUIRE_FALSE(ec);
+    }); // dropped after its last message: a clean end
+    pair.run(server);
+    pair.run(sender);
+    CHECK(big == errc::cancelled);
+    byte_buffer first, second;
+    std::error_code got_first, got_second;
+    auto reader = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        got_first = co_await s.receive(first);
+        got_second = co_await s.receive(second);
+    });
+    pair.run(reader);
+    CHECK_FALSE(got_first);
+    CHECK(first == pattern(5, 5));
+    CHECK(got_second == asio::error::eof);
+}
+
 TEST_CASE("a message over the peer's limit is refused before sending", "[net][mux]") {
     net::mux_options server_options;
     server_options.max_message_size = 1000;

@@ -355,9 +355,16 @@ inline void encode(kind k, std::span<const float> in, const encode_params& p, st
         });
         return;
     case kind::float16: {
-        auto* halves = reinterpret_cast<std::uint16_t*>(out);
+        // `out` may follow an odd-length prefix (compress_into appends): stage when unaligned.
+        const bool aligned = reinterpret_cast<std::uintptr_t>(out) % alignof(std::uint16_t) == 0;
         parallel_ranges(in.size(), 1 << 16, p.threads, [&](std::size_t b, std::size_t e) {
-            floats_to_halves(in.data() + b, halves + b, e - b);
+            if (aligned) {
+                floats_to_halves(in.data() + b, reinterpret_cast<std::uint16_t*>(out) + b, e - b);
+                return;
+            }
+            std::vector<std::uint16_t> staged(e - b);
+            floats_to_halves(in.data() + b, staged.data(), e - b);
+            copy_bytes(out + 2 * b, staged.data(), 2 * (e - b));
         });
         return;
     }

@@ -136,8 +136,9 @@ struct stream_state {
     bool local_ended = false;
     bool in_ready_list = false;
 
-    std::error_code failure; ///< reset by either side, or the connection failed
-    bool finished = false;   ///< removed from the connection
+    std::error_code failure;      ///< reset by either side, or the connection failed
+    std::error_code send_failure; ///< the peer finished cleanly before our sends went out
+    bool finished = false;        ///< removed from the connection
     wakeup readable;
     wakeup writable;
     wakeup finished_signal;
@@ -294,7 +295,10 @@ private:
 
     asio::awaitable<std::error_code> send(const stream_ptr& s, byte_buffer message, bool end_stream,
                                           bool bare = false) {
+        // After the peer's clean end it reads nothing more: a send can only be cancelled.
+        if (s->finished && !s->failure && !s->send_failure) s->send_failure = errc::cancelled;
         if (s->failure) co_return s->failure;
+        if (s->send_failure) co_return s->send_failure;
         if (s->local_ended) co_return errc::invalid_argument;
         // The peer's real limit comes with its settings; only a message above the protocol
         // default has to wait for them.
@@ -308,14 +312,15 @@ private:
         s->outbox.push_back({std::move(message), 0, end_stream, bare});
         const std::uint64_t mine = ++s->messages_queued;
         make_ready(s);
-        while (!s->failure && s->messages_written < mine) {
+        while (!s->failure && !s->send_failure && s->messages_written < mine) {
             const std::error_code cancelled = co_await s->writable.wait();
             if (cancelled) {
                 reset(s, errc::cancelled);
                 co_return errc::cancelled;
             }
         }
-        co_return s->messages_written >= mine ? std::error_code{} : s->failure;
+        if (s->messages_written >= mine) co_return std::error_code{};
+        co_return s->failure ? s->failure : s->send_failure;
     }
 
     void make_ready(const stream_ptr& s) {
@@ -622,17 +627,18 @@ private:
         if (s->finished) return;
         s->finished = true;
         if (failure && !s->failure) s->failure = failure;
-        // Received messages stay readable after a clean finish; unsent ones are cancelled.
-        if (!s->failure && !s->outbox.empty()) s->failure = errc::cancelled;
+        // Unsent messages are cancelled; received ones stay readable after a clean finish
+        // (the peer may end while our own end-of-stream is still queued).
+        if (!s->failure && !s->outbox.empty()) s->send_failure = errc::cancelled;
         buffered_ -= s->partial.size();
         if (s->failure) {
             buffered_ -= s->inbox_bytes;
             s->inbox.clear();
             s->inbox_bytes = 0;
-            for (auto& out : s->outbox) // a write in flight may view the one being sent
-                retired_.push_back(std::move(out.message));
-            s->outbox.clear();
         }
+        for (auto& out : s->outbox) // a write in flight may view the one being sent
+            retired_.push_back(std::move(out.message));
+        s->outbox.clear();
         s->partial.clear();
         streams_.erase(s->id);
         ++activity_;
