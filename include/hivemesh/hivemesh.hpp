@@ -3,6 +3,7 @@
 // network <hivemesh/net/sim.hpp>.
 #pragma once
 
+#include "hivemesh/averaging.hpp"
 #include "hivemesh/compression.hpp"
 #include "hivemesh/core.hpp"
 #include "hivemesh/crypto.hpp"

@@ -52,6 +52,9 @@ TEST_CASE("every errc has its own value and message", "[core][error]") {
         {errc::rate_limited, {29, "rate limit exceeded"}},
         {errc::storage_full, {30, "storage limit reached"}},
         {errc::wrong_thread, {31, "blocking call on an io thread"}},
+        {errc::too_few_peers, {32, "too few peers to form a group"}},
+        {errc::unknown_group, {33, "unknown averaging group"}},
+        {errc::not_a_donor, {34, "peer does not serve state"}},
     };
     for (const auto& [e, value_and_message] : expected) {
         const auto& [value, message] = value_and_message;
@@ -63,7 +66,8 @@ TEST_CASE("every errc has its own value and message", "[core][error]") {
         CHECK(static_cast<bool>(ec)); // no errc means success
     }
     CHECK(hivemesh::hivemesh_category().message(0) == "unknown hivemesh error");
-    CHECK(hivemesh::hivemesh_category().message(32) == "unknown hivemesh error");
+    CHECK(hivemesh::hivemesh_category().message(static_cast<int>(hivemesh::last_errc) + 1) ==
+          "unknown hivemesh error");
     CHECK(hivemesh::hivemesh_category().message(-1) == "unknown hivemesh error");
 }
 

@@ -1,7 +1,10 @@
 // Writes valid seed inputs for every fuzz target into <directory>/<target>/: every codec at a
 // few sizes, zstd payloads, sealed record streams, handshake messages, mux frames, RPC
-// messages, peer addresses and DHT messages.
+// messages, peer addresses, DHT messages and state-sharing messages.
 // Usage: make_corpus <directory>
+#include <hivemesh/averaging/allreduce_wire.hpp>
+#include <hivemesh/averaging/matchmaking_wire.hpp>
+#include <hivemesh/averaging/state_sharing.hpp>
 #include <hivemesh/compression.hpp>
 #include <hivemesh/core/random.hpp>
 #include <hivemesh/crypto/secure_channel.hpp>
@@ -226,7 +229,85 @@ void write_dht_response_corpus(const std::filesystem::path& dir) {
     write_file(dir / "find_empty", encode(find_response{}));
 }
 
+// State sharing: the request, headers of a few states (empty, with and without metadata,
+// several codecs), their chunks and donor records.
+void write_state_corpus(const std::filesystem::path& dir) {
+    using namespace hivemesh::averaging;
+    write_file(dir / "request", encode(state_request{}));
+    hivemesh::random_generator rng(5);
+    const std::vector<std::vector<std::size_t>> layouts = {{}, {0}, {3}, {5, 0, 2, 9}, {70, 1}};
+    std::size_t n = 0;
+    for (const auto& sizes : layouts) {
+        state s;
+        s.metadata = text_bytes(n % 2 ? "epoch=7" : "");
+        for (const auto size : sizes) {
+            std::vector<float> t(size);
+            for (auto& v : t)
+                v = static_cast<float>(rng.normal());
+            s.tensors.push_back(std::move(t));
+        }
+        const auto codec = hivemesh::compression::all_kinds[n % 3];
+        state_header header;
+        hivemesh::throw_if_error(make_header(s, codec, 4, header), "make_corpus: state header");
+        write_file(dir / ("header_" + std::to_string(n)), encode(header));
+        std::vector<float> flat;
+        for (const auto& t : s.tensors)
+            flat.insert(flat.end(), t.begin(), t.end());
+        for (std::uint64_t c = 0; c < header.chunk_hashes.size() && c < 2; ++c) {
+            hivemesh::byte_buffer chunk;
+            const auto values = std::span<const float>(flat).subspan(
+                static_cast<std::size_t>(c * 4),
+                static_cast<std::size_t>(chunk_length(flat.size(), 4, c)));
+            hivemesh::throw_if_error(append_chunk_message(c, codec, values, chunk),
+                                     "make_corpus: state chunk");
+            write_file(dir / ("chunk_" + std::to_string(n) + "_" + std::to_string(c)), chunk);
+        }
+        ++n;
+    }
+    std::size_t a = 0;
+    for (const auto& address : dht_addresses()) {
+        const double priority = static_cast<double>(a) - 1.5;
+        write_file(dir / ("donor_" + std::to_string(a++)), encode(donor_record{priority, address}));
+    }
+}
+
 } // namespace
+
+void write_averaging_corpus(const std::filesystem::path& dir) {
+    using namespace hivemesh::averaging;
+    join_request request;
+    request.schema_hash = 42;
+    request.group_key = "run.0b0110";
+    request.expiration = hivemesh::time_point(hivemesh::duration(1'700'000'000'000'000'000));
+    request.member = {member_role::node, 125e6,
+                      hivemesh::net::peer_address::parse("/ip4/10.0.0.1/tcp/4242").value(),
+                      hivemesh::byte_buffer(3, std::byte{7})};
+    write_file(dir / "request", encode(request));
+    request.member = {member_role::client, 0, std::nullopt, {}};
+    write_file(dir / "request_client", encode(request));
+    const std::array<std::byte, 32> seed{};
+    const auto someone = hivemesh::crypto::identity::from_seed(seed).id();
+    join_response response{
+        join_status::not_a_leader,
+        std::pair{someone, hivemesh::net::peer_address::parse("/sim/3/port/1").value()}};
+    write_file(dir / "response_leader", encode(response));
+    write_file(dir / "response", encode(join_response{}));
+    group_message group;
+    group.id.fill(std::byte{1});
+    group.members.emplace_back(someone, request.member);
+    write_file(dir / "group", encode(group));
+    write_file(dir / "disband", encode_disband());
+    begin_message begin{{}, 4, 1, 2, 0.5, 100, 50, 25};
+    write_file(dir / "begin", encode(begin));
+    hivemesh::byte_buffer part;
+    encode_part_head(part, 3);
+    const std::vector<float> values{1, 2, 3};
+    hivemesh::compression::compress_into(hivemesh::compression::kind::none, values, part);
+    write_file(dir / "part", part);
+    hivemesh::byte_buffer result;
+    encode_result_head(result, 1, {true, false, true, true, false});
+    write_file(dir / "result", result);
+}
 
 int main(int argc, char** argv) {
     using namespace hivemesh::compression;
@@ -257,11 +338,13 @@ int main(int argc, char** argv) {
         write_file(bytes / ("payload_" + std::to_string(n)), compress_bytes(payload));
     }
     write_record_corpus(dir("secure_record"));
+    write_averaging_corpus(dir("averaging_messages"));
     write_handshake_corpus(dir("handshake"));
     write_frame_corpus(dir("mux_frame"));
     write_rpc_corpus(dir("rpc_message"));
     write_address_corpus(dir("address"));
     write_dht_request_corpus(dir("dht_requests"));
     write_dht_response_corpus(dir("dht_responses"));
+    write_state_corpus(dir("state_messages"));
     return 0;
 }

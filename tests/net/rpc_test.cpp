@@ -21,6 +21,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 
 using namespace hivemesh;
@@ -413,6 +414,80 @@ TEMPLATE_TEST_CASE("idle connections are closed", "[net][rpc]", sim_world, tcp_w
     }));
     // And a new call simply dials again.
     CHECK_FALSE(call(world, *client.node, server.peer(), "echo", {}).ec);
+}
+
+TEMPLATE_TEST_CASE("max_connections closes the least recently used idle connection", "[net][rpc]",
+                   sim_world, tcp_world) {
+    TestType world;
+    net::node_options capped;
+    capped.max_connections = 2;
+    host<TestType> client(world, 1, capped), a(world, 2), b(world, 3), c(world, 4);
+    using timer_type = typename TestType::transport_type::timer_type;
+    std::vector<timer_type*> held; // "hold" calls in progress, released by cancelling
+    for (auto* h : {&a, &b, &c}) {
+        add_echo(*h);
+        h->node->add_handler("hold",
+                             [&held](const net::call_context&, byte_view,
+                                     byte_buffer&) -> asio::awaitable<std::error_code> {
+                                 timer_type timer(co_await asio::this_coro::executor);
+                                 timer.expires_after(3600s);
+                                 held.push_back(&timer);
+                                 co_await timer.async_wait(
+                                     asio::experimental::as_tuple(asio::use_awaitable));
+                                 std::erase(held, &timer);
+                                 co_return std::error_code{};
+                             });
+    }
+    const auto remotes = [](auto& node) {
+        std::set<std::string> out;
+        for (const auto& info : node.connections())
+            out.insert(info.remote.to_string());
+        return out;
+    };
+    REQUIRE_FALSE(call(world, *client.node, a.peer(), "echo", {}).ec);
+    REQUIRE_FALSE(call(world, *client.node, b.peer(), "echo", {}).ec);
+    REQUIRE_FALSE(call(world, *client.node, a.peer(), "echo", {}).ec); // b is now the oldest
+    REQUIRE_FALSE(call(world, *client.node, c.peer(), "echo", {}).ec);
+    CHECK(remotes(*client.node) ==
+          std::set<std::string>{a.node->id().to_string(), c.node->id().to_string()});
+    REQUIRE(world.run_until([&] { return b.node->connection_count() == 0; }));
+
+    // Busy connections are never closed: the cap is exceeded instead of failing a call.
+    auto on_a = start_call(*client.node, a.peer(), "hold", {}, 3600s);
+    auto on_c = start_call(*client.node, c.peer(), "hold", {}, 3600s);
+    REQUIRE(world.run_until([&] { return held.size() == 2; }));
+    const auto to_b = call(world, *client.node, b.peer(), "echo", pattern(7, 7));
+    CHECK_FALSE(to_b.ec);
+    CHECK(to_b.response == pattern(7, 7));
+    CHECK(client.node->connection_count() == 3);
+    for (auto* timer : std::vector<timer_type*>(held))
+        timer->cancel();
+    REQUIRE(world.run_until([&] { return on_a->done && on_c->done; }));
+    CHECK_FALSE(on_a->ec);
+    CHECK_FALSE(on_c->ec);
+
+    // Connections that have not carried their first call yet are never closed: calls
+    // started together to more peers than the cap all succeed.
+    host<TestType> burst(world, 6, capped);
+    std::vector<std::shared_ptr<call_outcome>> together;
+    for (auto* h : {&a, &b, &c})
+        together.push_back(start_call(*burst.node, h->peer(), "echo", pattern(9, 9)));
+    REQUIRE(world.run_until([&] {
+        return std::all_of(together.begin(), together.end(), [](auto& o) { return o->done; });
+    }));
+    for (const auto& outcome : together)
+        CHECK_FALSE(outcome->ec);
+
+    // Accepted connections count too: a capped server keeps only its newest idle one.
+    net::node_options one;
+    one.max_connections = 1;
+    host<TestType> server(world, 5, one);
+    add_echo(server);
+    REQUIRE_FALSE(call(world, *a.node, server.peer(), "echo", {}).ec);
+    REQUIRE_FALSE(call(world, *b.node, server.peer(), "echo", {}).ec);
+    CHECK(remotes(*server.node) == std::set<std::string>{b.node->id().to_string()});
+    REQUIRE(
+        world.run_until([&] { return !remotes(*a.node).contains(server.node->id().to_string()); }));
 }
 
 TEMPLATE_TEST_CASE("1 GiB streams through one call with bounded buffering", "[net][rpc]", sim_world,

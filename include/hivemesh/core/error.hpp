@@ -43,10 +43,14 @@ enum class errc : int {
     rate_limited,  ///< the peer sent more requests than its allowance
     storage_full,  ///< a storage limit (total bytes, keys) would be exceeded
     wrong_thread,  ///< a blocking call was made on an io thread, which would deadlock
+    // averaging
+    too_few_peers, ///< no group of at least the minimum size could be formed in time
+    unknown_group, ///< the message names a group this peer is not averaging with
+    not_a_donor,   ///< the peer does not serve state (any more)
 };
 
 /// The largest errc value (the wire carries errc values; decoders refuse larger ones).
-inline constexpr errc last_errc = errc::wrong_thread;
+inline constexpr errc last_errc = errc::not_a_donor;
 
 namespace detail {
 
@@ -117,6 +121,12 @@ public:
             return "storage limit reached";
         case errc::wrong_thread:
             return "blocking call on an io thread";
+        case errc::too_few_peers:
+            return "too few peers to form a group";
+        case errc::unknown_group:
+            return "unknown averaging group";
+        case errc::not_a_donor:
+            return "peer does not serve state";
         }
         return "unknown hivemesh error";
     }

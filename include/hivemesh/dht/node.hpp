@@ -383,13 +383,7 @@ private:
             return seed;
         }
 
-        time_point now() const {
-            if constexpr (std::is_constructible_v<typename Transport::clock_type,
-                                                  asio::any_io_executor>)
-                return typename Transport::clock_type(executor).now();
-            else
-                return typename Transport::clock_type().now();
-        }
+        time_point now() const { return net::detail::transport_now<Transport>(executor); }
 
         rpc_node* rpc;
         asio::any_io_executor executor;

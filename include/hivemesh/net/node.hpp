@@ -48,6 +48,12 @@ struct node_options {
     duration header_timeout = 10s;
     /// Upper bound on any handler's run time, whatever the caller asks.
     duration max_handler_time = 600s;
+    /// Open connections kept at most; 0 means no limit. A new connection (dialed or
+    /// accepted) that would exceed it closes the least recently used connection that has
+    /// carried a call and has none open (a connection yet to carry its first call is about
+    /// to); when no connection qualifies the new one is kept anyway, so the limit never
+    /// fails a call. For many nodes in one process, under the descriptor limit.
+    std::size_t max_connections = 0;
 };
 
 /// Who to call: the PeerId the connection must prove, and where to dial if needed.
@@ -170,6 +176,15 @@ inline std::error_code to_rpc_error(std::error_code ec) {
         ec == asio::error::host_not_found)
         return errc::unreachable;
     return errc::connection_closed;
+}
+
+/// The time `Transport`'s clock shows on `executor` (virtual on the simulated network).
+template <class Transport>
+time_point transport_now(const asio::any_io_executor& executor) {
+    if constexpr (std::is_constructible_v<typename Transport::clock_type, asio::any_io_executor>)
+        return typename Transport::clock_type(executor).now();
+    else
+        return typename Transport::clock_type().now();
 }
 
 inline std::uint32_t to_timeout_ms(duration d) {
@@ -313,6 +328,7 @@ private:
     struct pooled_connection {
         std::shared_ptr<mux_connection> connection;
         std::uint64_t seen_activity = ~std::uint64_t{0};
+        std::uint64_t last_used = 0; ///< use_clock at its last call (with max_connections)
     };
 
     struct pending_dial {
@@ -338,6 +354,7 @@ private:
         std::map<std::string, unary_handler, std::less<>> unary_handlers;
         std::map<std::string, stream_handler, std::less<>> stream_handlers;
         timer_type sweep_timer;
+        std::uint64_t use_clock = 0;
         bool closed = false;
     };
     using state_ptr = std::shared_ptr<state>;
@@ -353,9 +370,44 @@ private:
                                                            const crypto::peer_id& id) {
         const auto it = st->connections.find(id);
         if (it == st->connections.end()) return nullptr;
-        for (const auto& pooled : it->second)
-            if (pooled.connection->is_open()) return pooled.connection;
+        for (auto& pooled : it->second)
+            if (pooled.connection->is_open()) {
+                pooled.last_used = ++st->use_clock;
+                return pooled.connection;
+            }
         return nullptr;
+    }
+
+    /// Marks `connection` used now (an incoming call), for the least-recently-used choice.
+    static void touch(const state_ptr& st, const crypto::peer_id& remote,
+                      const mux_connection* connection) {
+        const auto it = st->connections.find(remote);
+        if (it == st->connections.end()) return;
+        for (auto& pooled : it->second)
+            if (pooled.connection.get() == connection) pooled.last_used = ++st->use_clock;
+    }
+
+    /// Closes least recently used idle connections until one more fits under
+    /// max_connections, or none is idle. A connection that never carried a stream is not
+    /// idle but new: its dialer is about to call on it (closing it would fail that call).
+    static void make_room(const state_ptr& st) {
+        const std::size_t limit = st->options.max_connections;
+        while (true) {
+            std::size_t open = 0;
+            const pooled_connection* oldest = nullptr;
+            for (const auto& [id, list] : st->connections)
+                for (const auto& pooled : list) {
+                    if (!pooled.connection->is_open()) continue;
+                    ++open;
+                    if (pooled.connection->stream_count() == 0 &&
+                        pooled.connection->activity() > 0 &&
+                        (!oldest || pooled.last_used < oldest->last_used))
+                        oldest = &pooled;
+                }
+            if (open < limit || !oldest) return;
+            const auto victim = oldest->connection; // closing removes it from the pool
+            victim->close();
+        }
     }
 
     /// Runs `handshake` on `stream`, closing the stream if it takes longer than the dial
@@ -386,15 +438,19 @@ private:
             st->executor,
             std::make_unique<detail::secure_record_channel<stream_type>>(std::move(stream)), remote,
             side == crypto::role::dialer, st->options.mux);
-        st->connections[remote].push_back({connection});
+        if (st->options.max_connections > 0) make_room(st);
+        st->connections[remote].push_back({connection, ~std::uint64_t{0}, ++st->use_clock});
         std::weak_ptr<state> weak = st;
         std::weak_ptr<mux_connection> weak_connection = connection;
         connection->start(
             {},
-            [weak](mux_stream incoming) {
-                if (auto st = weak.lock())
+            [weak, weak_connection, remote](mux_stream incoming) {
+                if (auto st = weak.lock()) {
+                    if (st->options.max_connections > 0)
+                        touch(st, remote, weak_connection.lock().get());
                     asio::co_spawn(st->executor, serve_call(st, std::move(incoming)),
                                    asio::detached);
+                }
             },
             [weak, weak_connection, remote](std::error_code) {
                 if (auto st = weak.lock()) forget(st, remote, weak_connection.lock().get());

@@ -1,0 +1,1186 @@
+// All-reduce benchmark (issue 5): a vector of float32 (default 25M elements, 100 MB) averaged
+// among 2, 4 and 8 OS processes on loopback TCP. Rows: hivemesh's butterfly all-reduce
+// (plaintext and encrypted sessions, codecs none, float16 and blockwise_8bit) and, when they
+// were found at build time, Gloo's ring and halving-doubling all-reduce over its TCP
+// transport and MPI_Allreduce under mpirun with the TCP BTL only. Prints a table and, with
+// --json FILE, the same as JSON; exits nonzero when any configuration failed or any process
+// got a wrong result.
+//
+// Every process of a configuration is a child: hivemesh and Gloo children are started by
+// this program (`--child hivemesh|gloo`) and talk to it over stdin/stdout; MPI children are
+// started by mpirun (`--child mpi`) and write their record to a file. Line protocol:
+//   child: HELLO <peer id> <port>   parent: PEERS <id> <port> ...   (hivemesh only)
+//   child: READY <round>            parent: GO                       (the barrier, per round)
+//   child: RESULT <record>          parent: EXIT
+// A child that fails prints `ERROR <text>` and exits nonzero; a hung one dies by SIGALRM.
+//
+// Timing. Every round, each process fills its tensor (value 4·rank + 0.25·(i mod 33), so
+// the mean is known exactly), waits at the barrier, reads the monotonic clock (one clock for
+// all processes of the machine), runs the all-reduce including the division by N into a
+// mean, and reads the clock again; a round lasts from the earliest start to the latest end.
+// The report is the median over the timed rounds, after the warm-up rounds (which also open
+// the connections). Bandwidth is the algorithm bandwidth: tensor bytes (elements·4) divided
+// by the median round time, in GB/s (10^9 bytes).
+//
+// Memory. Each process reads VmRSS right after allocating and filling its tensor and VmHWM at
+// the end; the extra memory ratio is (VmHWM − that RSS) / tensor bytes, the largest over the
+// processes.
+//
+// Correctness. After every round each process compares its tensor with the exact mean: within
+// float rounding for exact reductions, within the codec's error bound for float16 and
+// blockwise_8bit (far below the distance from any process's own values to the mean, so a
+// part left unaveraged is caught); hivemesh must also report every element averaged.
+#include <hivemesh/averaging/allreduce.hpp>
+#include <hivemesh/core/log.hpp>
+#include <hivemesh/net/node.hpp>
+#include <hivemesh/net/tcp.hpp>
+
+#include <asio/executor_work_guard.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/thread_pool.hpp>
+
+#ifdef HIVEMESH_HAVE_GLOO
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#endif
+#ifdef HIVEMESH_HAVE_MPI
+#include <mpi.h>
+#endif
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+
+namespace hivemesh::bench::allreduce {
+namespace {
+
+struct usage_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// ---- options -------------------------------------------------------------------------------
+
+struct options {
+    // What to run (driver).
+    std::vector<std::size_t> processes{2, 4, 8};
+    std::size_t elements = 25'000'000;
+    std::size_t warmup = 1;
+    std::size_t rounds = 3;
+    std::vector<std::string> systems; ///< empty: every row that was built
+    std::string json_path;
+    bool quick = false;
+    // hivemesh tuning (forwarded to hivemesh children).
+    std::size_t part_size = 512u << 10;
+    std::size_t mux_window = 0;    ///< 0: the node's default
+    std::size_t frame_payload = 0; ///< 0: the node's default
+    unsigned compute_threads = 1;
+    unsigned child_timeout = 1800; ///< seconds a child may live
+    // Child only.
+    std::string child; ///< hivemesh, gloo, mpi; empty in the driver
+    std::size_t rank = 0;
+    std::size_t size = 0;
+    std::string mode; ///< hivemesh: codec; gloo: ring or hd
+    bool plaintext = true;
+    std::string dir;
+    std::uint64_t nonce = 0;
+};
+
+constexpr const char* usage_text =
+    "usage: bench_allreduce [--quick] [--processes 2,4,8] [--elements N] [--warmup W]\n"
+    "                       [--rounds R] [--systems NAME,...] [--json FILE]\n"
+    "                       [--part-size BYTES] [--mux-window BYTES] [--frame-payload BYTES]\n"
+    "                       [--compute-threads T] [--child-timeout SECONDS]\n"
+    "--compute-threads: hivemesh's pool for compression and reduction per process (default\n"
+    "         1); 0 runs them on the io thread\n"
+    "systems: hivemesh, hivemesh-encrypted, hivemesh-float16, hivemesh-8bit, gloo-ring,\n"
+    "         gloo-hd, mpi (default: all that were built; unbuilt ones are skipped)\n"
+    "--quick: 2 processes, 2^20 elements, 1 warm-up and 2 timed rounds (flags given\n"
+    "         explicitly still win)\n";
+
+std::size_t to_size(std::string_view flag, const std::string& text) {
+    std::size_t used = 0;
+    unsigned long long value = 0;
+    try {
+        value = std::stoull(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != text.size() || text.empty() || text[0] == '-')
+        throw usage_error(std::string(flag) + ": not a number: " + text);
+    return static_cast<std::size_t>(value);
+}
+
+std::vector<std::string> split(const std::string& text, char separator) {
+    std::vector<std::string> out;
+    std::string item;
+    std::istringstream in(text);
+    while (std::getline(in, item, separator))
+        if (!item.empty()) out.push_back(item);
+    return out;
+}
+
+options parse(int argc, char** argv) {
+    options o;
+    bool processes_given = false, elements_given = false, rounds_given = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) throw usage_error(std::string(arg) + " needs a value");
+            return argv[++i];
+        };
+        if (arg == "--quick") {
+            o.quick = true;
+        } else if (arg == "--processes") {
+            o.processes.clear();
+            for (const auto& p : split(value(), ','))
+                o.processes.push_back(to_size(arg, p));
+            processes_given = true;
+        } else if (arg == "--elements") {
+            o.elements = to_size(arg, value());
+            elements_given = true;
+        } else if (arg == "--warmup") {
+            o.warmup = to_size(arg, value());
+        } else if (arg == "--rounds") {
+            o.rounds = to_size(arg, value());
+            rounds_given = true;
+        } else if (arg == "--systems") {
+            o.systems = split(value(), ',');
+        } else if (arg == "--json") {
+            o.json_path = value();
+        } else if (arg == "--part-size") {
+            o.part_size = to_size(arg, value());
+        } else if (arg == "--mux-window") {
+            o.mux_window = to_size(arg, value());
+        } else if (arg == "--frame-payload") {
+            o.frame_payload = to_size(arg, value());
+        } else if (arg == "--compute-threads") {
+            o.compute_threads = static_cast<unsigned>(to_size(arg, value()));
+        } else if (arg == "--child-timeout") {
+            o.child_timeout = static_cast<unsigned>(to_size(arg, value()));
+        } else if (arg == "--child") {
+            o.child = value();
+        } else if (arg == "--rank") {
+            o.rank = to_size(arg, value());
+        } else if (arg == "--size") {
+            o.size = to_size(arg, value());
+        } else if (arg == "--mode") {
+            o.mode = value();
+        } else if (arg == "--plaintext") {
+            o.plaintext = to_size(arg, value()) != 0;
+        } else if (arg == "--dir") {
+            o.dir = value();
+        } else if (arg == "--nonce") {
+            o.nonce = to_size(arg, value());
+        } else if (arg == "--help" || arg == "-h") {
+            std::fputs(usage_text, stdout);
+            std::exit(0);
+        } else {
+            throw usage_error("unknown argument " + std::string(arg));
+        }
+    }
+    if (o.quick) {
+        if (!processes_given) o.processes = {2};
+        if (!elements_given) o.elements = std::size_t{1} << 20;
+        if (!rounds_given) o.rounds = 2;
+    }
+    if (o.rounds == 0) throw usage_error("--rounds: at least 1");
+    if (o.part_size < sizeof(float)) throw usage_error("--part-size: at least 4");
+    for (const auto n : o.processes)
+        if (n < 2) throw usage_error("--processes: at least 2 each");
+    // Gloo and MPI take int counts.
+    if (o.elements == 0 || o.elements > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+        throw usage_error("--elements: 1 .. 2^31-1");
+    return o;
+}
+
+// ---- what every child does -------------------------------------------------------------------
+
+double clock_seconds() {
+    // steady_clock is CLOCK_MONOTONIC: the same clock in every process of the machine.
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+/// A field of /proc/self/status in KiB ("VmRSS", "VmHWM").
+std::size_t status_kib(std::string_view field) {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line))
+        if (line.size() > field.size() && line.compare(0, field.size(), field) == 0 &&
+            line[field.size()] == ':')
+            return std::stoull(line.substr(field.size() + 1));
+    return 0;
+}
+
+/// Rank r's values: 4r + 0.25 (i mod 33). Dyadic and small, so sums are exact in float.
+void fill(std::span<float> values, std::size_t rank) {
+    const float base = 4.0f * static_cast<float>(rank);
+    std::size_t c = 0;
+    for (float& v : values) {
+        v = base + 0.25f * static_cast<float>(c);
+        if (++c == 33) c = 0;
+    }
+}
+
+/// The largest distance to the exact mean over n ranks: 2(n-1) + 0.25 (i mod 33).
+double max_error(std::span<const float> values, std::size_t n) {
+    const double base = 2.0 * static_cast<double>(n - 1);
+    double worst = 0;
+    std::size_t c = 0;
+    for (const float v : values) {
+        const double e = std::abs(static_cast<double>(v) - (base + 0.25 * static_cast<double>(c)));
+        if (!(e <= worst)) worst = e; // NaN wins
+        if (++c == 33) c = 0;
+    }
+    return worst;
+}
+
+/// The error a correct round may have: the codec's bound (two quantisations: the value and
+/// the mean) with a margin. The smallest distance from a rank's own values to the mean is 2.
+double tolerance(const std::string& codec, std::size_t n) {
+    const double largest = 4.0 * static_cast<double>(n - 1) + 8.0;
+    if (codec == "float16") return 4 * 0x1p-11 * largest;
+    if (codec == "blockwise_8bit") return 2.5 * 0.00703125 * largest;
+    return 1e-6 * largest; // exact up to the rounding of 1/n
+}
+
+/// One process's record of a configuration.
+struct child_record {
+    std::size_t baseline_kib = 0; ///< VmRSS after the tensor was allocated and filled
+    std::size_t peak_kib = 0;     ///< VmHWM at the end
+    double max_error = 0;         ///< worst over rounds
+    double min_fraction = 1;      ///< hivemesh: smallest fraction averaged; 1 for the others
+    std::size_t wrong_rounds = 0; ///< rounds over tolerance or not fully averaged
+    std::vector<double> starts, ends;
+
+    std::string to_line() const {
+        std::ostringstream out;
+        out.precision(17);
+        out << baseline_kib << ' ' << peak_kib << ' ' << max_error << ' ' << min_fraction << ' '
+            << wrong_rounds << ' ' << starts.size();
+        for (std::size_t r = 0; r < starts.size(); ++r)
+            out << ' ' << starts[r] << ' ' << ends[r];
+        return out.str();
+    }
+    static std::optional<child_record> from_line(const std::string& line) {
+        std::istringstream in(line);
+        child_record c;
+        std::size_t rounds = 0;
+        if (!(in >> c.baseline_kib >> c.peak_kib >> c.max_error >> c.min_fraction >>
+              c.wrong_rounds >> rounds) ||
+            rounds > 1'000'000)
+            return std::nullopt;
+        c.starts.resize(rounds);
+        c.ends.resize(rounds);
+        for (std::size_t r = 0; r < rounds; ++r)
+            if (!(in >> c.starts[r] >> c.ends[r])) return std::nullopt;
+        return c;
+    }
+};
+
+/// The child's side of the line protocol (stdin/stdout belong to it).
+struct parent_link {
+    void send(const std::string& line) {
+        std::fputs((line + '\n').c_str(), stdout);
+        std::fflush(stdout);
+    }
+    std::string receive() {
+        std::string line;
+        if (!std::getline(std::cin, line)) throw std::runtime_error("the driver went away");
+        return line;
+    }
+    void barrier(std::size_t round) {
+        send("READY " + std::to_string(round));
+        if (receive() != "GO") throw std::runtime_error("expected GO");
+    }
+};
+
+/// Runs `rounds` rounds of `reduce` (which averages `tensor` in place) with the protocol's
+/// barrier before each; checks the result after each. `reduce` returns the fraction averaged.
+template <class Barrier, class Reduce>
+void run_rounds(const options& o, std::span<float> tensor, const std::string& codec,
+                child_record& record, Barrier&& barrier, Reduce&& reduce) {
+    const double allowed = tolerance(codec, o.size);
+    for (std::size_t round = 0; round < o.warmup + o.rounds; ++round) {
+        fill(tensor, o.rank);
+        barrier(round);
+        const double start = clock_seconds();
+        const double fraction = reduce(round);
+        const double end = clock_seconds();
+        record.starts.push_back(start);
+        record.ends.push_back(end);
+        const double error = max_error(tensor, o.size);
+        if (!(error <= record.max_error)) record.max_error = error;
+        record.min_fraction = std::min(record.min_fraction, fraction);
+        if (!(error <= allowed) || fraction < 1.0) {
+            ++record.wrong_rounds;
+            std::fprintf(stderr,
+                         "bench_allreduce: rank %zu round %zu: max error %g (allowed %g), "
+                         "fraction averaged %g\n",
+                         o.rank, round, error, allowed, fraction);
+        }
+    }
+}
+
+#if defined(HIVEMESH_HAVE_GLOO) || defined(HIVEMESH_HAVE_MPI)
+/// Gloo and MPI return sums: the mean is part of their round.
+void scale(std::span<float> values, std::size_t n) {
+    const float inverse = 1.0f / static_cast<float>(n);
+    for (float& v : values)
+        v *= inverse;
+}
+#endif
+
+// ---- hivemesh child --------------------------------------------------------------------------
+
+compression::kind codec_of(const std::string& name) {
+    for (const auto k : compression::all_kinds)
+        if (compression::to_string(k) == name) return k;
+    throw usage_error("unknown codec " + name);
+}
+
+/// V split into n spans as evenly as possible, the remainder to the first ones.
+std::vector<std::size_t> equal_spans(std::size_t elements, std::size_t n) {
+    std::vector<std::size_t> spans(n, elements / n);
+    for (std::size_t k = 0; k < elements % n; ++k)
+        ++spans[k];
+    return spans;
+}
+
+int hivemesh_child(const options& o) {
+    using transport_type = net::tcp::transport;
+    using service_type = averaging::allreduce_service<transport_type>;
+    parent_link link;
+
+    asio::io_context io(1);
+    transport_type transport(io.get_executor());
+    net::node_options node_options;
+    node_options.security.plaintext = o.plaintext;
+    if (o.mux_window) node_options.mux.initial_window = static_cast<std::uint32_t>(o.mux_window);
+    if (o.frame_payload) node_options.mux.frame_payload = o.frame_payload;
+    net::node<transport_type> rpc(transport, crypto::identity::generate(), node_options);
+    auto listener = transport.listen(asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+    const auto port = listener.local_endpoint().port();
+    rpc.serve(std::move(listener));
+
+    // Compression and reduction on a pool (the intended use); 0 threads: on the io thread.
+    asio::thread_pool compute(std::max(o.compute_threads, 1u));
+    std::optional<asio::any_io_executor> compute_executor;
+    if (o.compute_threads > 0) compute_executor = compute.get_executor();
+    averaging::allreduce_options allreduce_options;
+    allreduce_options.codec = codec_of(o.mode);
+    allreduce_options.part_size_bytes = o.part_size;
+    // A loaded two-core machine can starve a process for seconds: only the round's own
+    // timeout should end a slow round here.
+    allreduce_options.sender_timeout = 600s;
+    allreduce_options.reducer_timeout = 1200s;
+    allreduce_options.join_wait = 600s;
+    service_type service(rpc, allreduce_options, compute_executor);
+
+    auto work = asio::make_work_guard(io);
+    std::thread io_thread([&io] { io.run(); });
+    struct stopper { // the io thread ends on every way out
+        asio::io_context& io;
+        std::thread& thread;
+        ~stopper() {
+            io.stop();
+            if (thread.joinable()) thread.join();
+        }
+    } stop_io{io, io_thread};
+
+    link.send("HELLO " + rpc.id().to_string() + " " + std::to_string(port));
+    std::istringstream peers(link.receive());
+    std::string word;
+    if (!(peers >> word) || word != "PEERS") throw std::runtime_error("expected PEERS");
+    averaging::group_info<asio::ip::tcp::endpoint> group;
+    for (std::size_t k = 0; k < o.size; ++k) {
+        std::string id;
+        unsigned short peer_port = 0;
+        if (!(peers >> id >> peer_port)) throw std::runtime_error("short PEERS line");
+        auto& member = group.members.emplace_back();
+        member.peer.id = crypto::peer_id::from_string(id);
+        member.peer.endpoint = asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(), peer_port);
+        member.role = averaging::member_role::node;
+    }
+    if (group.members[o.rank].peer.id != rpc.id()) throw std::runtime_error("not at my rank");
+    const auto spans = equal_spans(o.elements, o.size);
+
+    std::vector<float> tensor(o.elements);
+    fill(tensor, o.rank);
+    child_record record;
+    record.baseline_kib = status_kib("VmRSS");
+
+    run_rounds(
+        o, tensor, o.mode, record, [&](std::size_t round) { link.barrier(round); },
+        [&](std::size_t round) {
+            // Every process derives the same fresh group id from the run and the round.
+            for (std::size_t b = 0; b < 8; ++b) {
+                group.id[b] = static_cast<std::byte>((o.nonce >> (8 * b)) & 0xFF);
+                group.id[8 + b] = static_cast<std::byte>((round >> (8 * b)) & 0xFF);
+            }
+            std::promise<std::pair<std::error_code, averaging::allreduce_result>> done;
+            auto outcome = done.get_future();
+            asio::post(io, [&] {
+                service.async_allreduce(group, o.rank, spans, std::span<float>(tensor), 1.0,
+                                        std::chrono::seconds(o.child_timeout),
+                                        [&done](std::error_code ec, averaging::allreduce_result r) {
+                                            done.set_value({ec, std::move(r)});
+                                        });
+            });
+            const auto [ec, result] = outcome.get();
+            if (ec) throw std::runtime_error("async_allreduce: " + ec.message());
+            std::size_t listed = 0;
+            for (const auto& part : result.parts)
+                if (!part.averaged() && listed++ < 4)
+                    std::fprintf(stderr,
+                                 "bench_allreduce: rank %zu round %zu: elements [%zu, %zu) of "
+                                 "reducer %zu not averaged\n",
+                                 o.rank, round, part.begin, part.begin + part.size, part.reducer);
+            return result.fraction_averaged();
+        });
+
+    record.peak_kib = status_kib("VmHWM");
+    link.send("RESULT " + record.to_line());
+    // Only now may anyone close: the others may still be receiving our last results.
+    if (link.receive() != "EXIT") throw std::runtime_error("expected EXIT");
+    std::promise<void> closed;
+    asio::post(io, [&] {
+        rpc.close();
+        closed.set_value();
+    });
+    closed.get_future().wait();
+    return 0;
+}
+
+// ---- Gloo child ------------------------------------------------------------------------------
+
+#ifdef HIVEMESH_HAVE_GLOO
+int gloo_child(const options& o) {
+    parent_link link;
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    attr.ai_family = AF_INET;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore files(o.dir);
+    gloo::rendezvous::PrefixStore store("allreduce", files);
+    auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(o.rank),
+                                                               static_cast<int>(o.size));
+    context->setTimeout(std::chrono::seconds(o.child_timeout));
+    context->connectFullMesh(store, device);
+
+    std::vector<float> tensor(o.elements);
+    fill(tensor, o.rank);
+    child_record record;
+    record.baseline_kib = status_kib("VmRSS");
+    // The algorithm's own buffers count as extra memory: made after the baseline.
+    std::unique_ptr<gloo::Algorithm> algorithm;
+    const std::vector<float*> pointers{tensor.data()};
+    const int count = static_cast<int>(o.elements);
+    if (o.mode == "ring")
+        algorithm = std::make_unique<gloo::AllreduceRing<float>>(context, pointers, count);
+    else if (o.mode == "hd")
+        algorithm =
+            std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context, pointers, count);
+    else
+        throw usage_error("unknown Gloo algorithm " + o.mode);
+
+    run_rounds(
+        o, tensor, "none", record, [&](std::size_t round) { link.barrier(round); },
+        [&](std::size_t) {
+            algorithm->run();
+            scale(tensor, o.size);
+            return 1.0;
+        });
+    record.peak_kib = status_kib("VmHWM");
+    link.send("RESULT " + record.to_line());
+    if (link.receive() != "EXIT") throw std::runtime_error("expected EXIT");
+    return 0;
+}
+#endif
+
+// ---- MPI child -------------------------------------------------------------------------------
+
+#ifdef HIVEMESH_HAVE_MPI
+int mpi_child(options o) {
+    MPI_Init(nullptr, nullptr);
+    int rank = 0, size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    o.rank = static_cast<std::size_t>(rank);
+    o.size = static_cast<std::size_t>(size);
+
+    std::vector<float> tensor(o.elements);
+    fill(tensor, o.rank);
+    child_record record;
+    record.baseline_kib = status_kib("VmRSS");
+    run_rounds(
+        o, tensor, "none", record, [](std::size_t) { MPI_Barrier(MPI_COMM_WORLD); },
+        [&](std::size_t) {
+            MPI_Allreduce(MPI_IN_PLACE, tensor.data(), static_cast<int>(o.elements), MPI_FLOAT,
+                          MPI_SUM, MPI_COMM_WORLD);
+            scale(tensor, o.size);
+            return 1.0;
+        });
+    record.peak_kib = status_kib("VmHWM");
+    { // written whole, then renamed: the driver never reads half a record
+        const std::string path = o.dir + "/rank" + std::to_string(rank);
+        std::ofstream(path + ".partial") << record.to_line() << '\n';
+        std::filesystem::rename(path + ".partial", path);
+    }
+    MPI_Finalize();
+    return 0;
+}
+#endif
+
+int child_main(const options& o) {
+    alarm(o.child_timeout); // a hung child dies and its configuration says so
+    try {
+        if (o.child == "hivemesh") return hivemesh_child(o);
+#ifdef HIVEMESH_HAVE_GLOO
+        if (o.child == "gloo") return gloo_child(o);
+#endif
+#ifdef HIVEMESH_HAVE_MPI
+        if (o.child == "mpi") return mpi_child(o);
+#endif
+        throw usage_error("unknown child " + o.child);
+    } catch (const std::exception& e) {
+        std::string text = e.what();
+        std::replace(text.begin(), text.end(), '\n', ' ');
+        std::printf("ERROR %s\n", text.c_str());
+        std::fflush(stdout);
+        std::fprintf(stderr, "bench_allreduce child %s rank %zu: %s\n", o.child.c_str(), o.rank,
+                     text.c_str());
+        return 1;
+    }
+}
+
+// ---- the driver --------------------------------------------------------------------------------
+
+/// One row of the table.
+struct system_spec {
+    std::string name;  ///< for --systems
+    std::string label; ///< for the table
+    std::string child; ///< hivemesh, gloo or mpi
+    std::string mode;  ///< codec, or Gloo's algorithm
+    bool plaintext = true;
+    bool built = true;
+};
+
+std::vector<system_spec> all_systems() {
+#ifdef HIVEMESH_HAVE_GLOO
+    constexpr bool gloo = true;
+#else
+    constexpr bool gloo = false;
+#endif
+#ifdef HIVEMESH_HAVE_MPI
+    constexpr bool mpi = true;
+#else
+    constexpr bool mpi = false;
+#endif
+    return {
+        {"hivemesh", "hivemesh plaintext none", "hivemesh", "none", true, true},
+        {"hivemesh-encrypted", "hivemesh encrypted none", "hivemesh", "none", false, true},
+        {"hivemesh-float16", "hivemesh plaintext float16", "hivemesh", "float16", true, true},
+        {"hivemesh-8bit", "hivemesh plaintext blockwise_8bit", "hivemesh", "blockwise_8bit", true,
+         true},
+        {"gloo-ring", "gloo ring", "gloo", "ring", true, gloo},
+        {"gloo-hd", "gloo halving-doubling", "gloo", "hd", true, gloo},
+        {"mpi", "MPI_Allreduce (Open MPI, TCP)", "mpi", "none", true, mpi},
+    };
+}
+
+/// The outcome of one system at one process count.
+struct cell {
+    std::string status = "ok"; ///< ok, or what went wrong
+    bool wrong = false;        ///< finished, but some process got a wrong result
+    std::vector<double> round_seconds;
+    double median_seconds = 0;
+    double gbytes_per_second = 0;
+    double memory_ratio = 0;
+    double max_error = 0;
+    double load_before = 0;
+};
+
+std::string loadavg() {
+    std::ifstream in("/proc/loadavg");
+    std::string a, b, c;
+    in >> a >> b >> c;
+    return a + " " + b + " " + c;
+}
+
+double load1() {
+    std::ifstream in("/proc/loadavg");
+    double a = 0;
+    in >> a;
+    return a;
+}
+
+std::string executable_path() {
+    return std::filesystem::read_symlink("/proc/self/exe").string();
+}
+
+struct temp_dir {
+    std::string path;
+    temp_dir() {
+        std::string pattern =
+            (std::filesystem::temp_directory_path() / "hivemesh-allreduce-XXXXXX").string();
+        if (!mkdtemp(pattern.data())) throw std::system_error(errno, std::generic_category());
+        path = pattern;
+    }
+    temp_dir(const temp_dir&) = delete;
+    temp_dir& operator=(const temp_dir&) = delete;
+    ~temp_dir() {
+        std::error_code ignored;
+        std::filesystem::remove_all(path, ignored);
+    }
+};
+
+/// A child process with its stdin and stdout as pipes (or, for mpirun, redirected).
+struct process {
+    pid_t pid = -1;
+    FILE* to = nullptr;
+    FILE* from = nullptr;
+    bool killed = false; ///< by us, after another failure
+
+    static process start(const std::string& program, const std::vector<std::string>& args,
+                         bool pipes, const std::string& output_file = {}) {
+        int in[2] = {-1, -1}, out[2] = {-1, -1};
+        if (pipes && (pipe(in) != 0 || pipe(out) != 0))
+            throw std::system_error(errno, std::generic_category(), "pipe");
+        std::vector<char*> argv;
+        argv.push_back(const_cast<char*>(program.c_str()));
+        for (const auto& a : args)
+            argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        std::fflush(nullptr);
+        const pid_t pid = fork();
+        if (pid < 0) throw std::system_error(errno, std::generic_category(), "fork");
+        if (pid == 0) {
+            if (pipes) {
+                dup2(in[0], 0);
+                dup2(out[1], 1);
+                for (int fd : {in[0], in[1], out[0], out[1]})
+                    close(fd);
+            } else {
+                const int null = open("/dev/null", O_RDONLY);
+                const int log = open(output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                if (null >= 0) dup2(null, 0);
+                if (log >= 0) dup2(log, 1);
+            }
+            execv(program.c_str(), argv.data());
+            std::perror("bench_allreduce: execv");
+            _exit(127);
+        }
+        process p;
+        p.pid = pid;
+        if (pipes) {
+            close(in[0]);
+            close(out[1]);
+            p.to = fdopen(in[1], "w");
+            p.from = fdopen(out[0], "r");
+        }
+        return p;
+    }
+
+    bool send(const std::string& line) {
+        if (!to) return false;
+        return std::fputs((line + '\n').c_str(), to) >= 0 && std::fflush(to) == 0;
+    }
+    /// The next line; nullopt at the end of the child's output.
+    std::optional<std::string> receive() {
+        if (!from) return std::nullopt;
+        std::string line;
+        char buffer[4096];
+        while (std::fgets(buffer, sizeof buffer, from)) {
+            line += buffer;
+            if (!line.empty() && line.back() == '\n') {
+                line.pop_back();
+                return line;
+            }
+        }
+        return line.empty() ? std::nullopt : std::optional<std::string>(line);
+    }
+    /// Waits for the exit; "" for a clean one.
+    std::string finish() {
+        if (to) std::fclose(to);
+        if (from) std::fclose(from);
+        to = from = nullptr;
+        int status = 0;
+        if (pid <= 0 || waitpid(pid, &status, 0) != pid) return {};
+        pid = -1;
+        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && killed) return {};
+        if (WIFSIGNALED(status)) return std::string("killed by ") + strsignal(WTERMSIG(status));
+        if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+            return "exit status " + std::to_string(WEXITSTATUS(status));
+        return {};
+    }
+    void kill_now() {
+        if (pid > 0 && ::kill(pid, SIGKILL) == 0) killed = true;
+    }
+};
+
+/// Round times, median, bandwidth and memory from every process's record.
+void summarise(const options& o, const std::vector<child_record>& records, cell& c) {
+    const std::size_t total = o.warmup + o.rounds;
+    for (const auto& r : records)
+        if (r.starts.size() != total) {
+            c.status = "bad record";
+            return;
+        }
+    for (std::size_t round = o.warmup; round < total; ++round) {
+        double first = std::numeric_limits<double>::max(), last = 0;
+        for (const auto& r : records) {
+            first = std::min(first, r.starts[round]);
+            last = std::max(last, r.ends[round]);
+        }
+        c.round_seconds.push_back(last - first);
+    }
+    auto sorted = c.round_seconds;
+    std::sort(sorted.begin(), sorted.end());
+    const std::size_t m = sorted.size();
+    c.median_seconds = m % 2 ? sorted[m / 2] : (sorted[m / 2 - 1] + sorted[m / 2]) / 2;
+    const double bytes = static_cast<double>(o.elements) * sizeof(float);
+    c.gbytes_per_second = c.median_seconds > 0 ? bytes / c.median_seconds / 1e9 : 0;
+    for (const auto& r : records) {
+        const double extra =
+            static_cast<double>(r.peak_kib > r.baseline_kib ? r.peak_kib - r.baseline_kib : 0) *
+            1024.0;
+        c.memory_ratio = std::max(c.memory_ratio, extra / bytes);
+        c.max_error = std::max(c.max_error, r.max_error);
+        if (r.wrong_rounds > 0) c.wrong = true;
+    }
+}
+
+std::vector<std::string> child_arguments(const options& o, const system_spec& s, std::size_t n,
+                                         const std::string& dir, std::uint64_t nonce) {
+    std::vector<std::string> a{"--child",
+                               s.child,
+                               "--size",
+                               std::to_string(n),
+                               "--elements",
+                               std::to_string(o.elements),
+                               "--warmup",
+                               std::to_string(o.warmup),
+                               "--rounds",
+                               std::to_string(o.rounds),
+                               "--mode",
+                               s.mode,
+                               "--plaintext",
+                               s.plaintext ? "1" : "0",
+                               "--part-size",
+                               std::to_string(o.part_size),
+                               "--mux-window",
+                               std::to_string(o.mux_window),
+                               "--frame-payload",
+                               std::to_string(o.frame_payload),
+                               "--compute-threads",
+                               std::to_string(o.compute_threads),
+                               "--child-timeout",
+                               std::to_string(o.child_timeout),
+                               "--dir",
+                               dir,
+                               "--nonce",
+                               std::to_string(nonce)};
+    return a;
+}
+
+/// hivemesh and Gloo: n children of this program, driven over their pipes.
+cell run_children(const options& o, const system_spec& s, std::size_t n) {
+    cell c;
+    temp_dir dir;
+    const auto nonce =
+        static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::vector<process> children;
+    std::string failure;
+    auto fail = [&](const std::string& why) {
+        if (failure.empty()) failure = why;
+    };
+    /// The next line of child k, or "" after recording why there is none.
+    auto receive = [&](std::size_t k) -> std::string {
+        auto line = children[k].receive();
+        if (!line) {
+            fail("rank " + std::to_string(k) + " ended early");
+            return {};
+        }
+        if (line->rfind("ERROR ", 0) == 0) {
+            fail("rank " + std::to_string(k) + ": " + line->substr(6));
+            return {};
+        }
+        return *line;
+    };
+    const std::string self = executable_path();
+    for (std::size_t k = 0; k < n; ++k) {
+        auto args = child_arguments(o, s, n, dir.path, nonce);
+        args.push_back("--rank");
+        args.push_back(std::to_string(k));
+        children.push_back(process::start(self, args, true));
+    }
+    std::vector<child_record> records;
+    [&] {
+        if (s.child == "hivemesh") {
+            std::string peers = "PEERS";
+            for (std::size_t k = 0; k < n; ++k) {
+                std::istringstream hello(receive(k));
+                std::string word, id, port;
+                if (!(hello >> word >> id >> port) || word != "HELLO") return fail("no HELLO");
+                peers += " " + id + " " + port;
+            }
+            for (auto& child : children)
+                child.send(peers);
+        }
+        for (std::size_t round = 0; round < o.warmup + o.rounds; ++round) {
+            for (std::size_t k = 0; k < n; ++k)
+                if (receive(k) != "READY " + std::to_string(round)) return fail("no READY");
+            for (auto& child : children)
+                child.send("GO");
+        }
+        for (std::size_t k = 0; k < n; ++k) {
+            const auto line = receive(k);
+            if (line.rfind("RESULT ", 0) != 0) return fail("no RESULT");
+            auto record = child_record::from_line(line.substr(7));
+            if (!record) return fail("unreadable RESULT");
+            records.push_back(std::move(*record));
+        }
+        for (auto& child : children)
+            child.send("EXIT");
+    }();
+    if (!failure.empty())
+        for (auto& child : children)
+            child.kill_now();
+    for (std::size_t k = 0; k < n; ++k) {
+        const auto how = children[k].finish();
+        if (how.empty()) continue;
+        if (failure.empty())
+            failure = "rank " + std::to_string(k) + " " + how;
+        else
+            failure += " (rank " + std::to_string(k) + " " + how + ")";
+    }
+    if (!failure.empty()) {
+        c.status = failure;
+        return c;
+    }
+    summarise(o, records, c);
+    return c;
+}
+
+#ifdef HIVEMESH_HAVE_MPI
+/// MPI: mpirun starts n copies of this program; each writes its record to the directory.
+cell run_mpi(const options& o, const system_spec& s, std::size_t n) {
+    cell c;
+    temp_dir dir;
+    std::vector<std::string> args{"--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                                  "-np", std::to_string(n),
+                                  // TCP over loopback only: no shared memory, no UCX.
+                                  "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca",
+                                  "btl_tcp_if_include", "lo", "--mca", "coll", "^sm,han",
+                                  // Ranks wait without spinning, as the other systems do.
+                                  "--mca", "mpi_yield_when_idle", "1", "--timeout",
+                                  std::to_string(o.child_timeout), executable_path()};
+    for (auto& a : child_arguments(o, s, n, dir.path, 0))
+        args.push_back(std::move(a));
+    const std::string log = dir.path + "/mpirun.log";
+    auto mpirun = process::start(HIVEMESH_MPIEXEC, args, false, log);
+    if (auto how = mpirun.finish(); !how.empty()) {
+        c.status = "mpirun " + how;
+        std::ifstream in(log);
+        std::string line;
+        while (std::getline(in, line))
+            std::fprintf(stderr, "  mpirun: %s\n", line.c_str());
+        return c;
+    }
+    std::vector<child_record> records;
+    for (std::size_t k = 0; k < n; ++k) {
+        std::ifstream in(dir.path + "/rank" + std::to_string(k));
+        std::string line;
+        std::optional<child_record> record;
+        if (std::getline(in, line)) record = child_record::from_line(line);
+        if (!record) {
+            c.status = "rank " + std::to_string(k) + " wrote no record";
+            return c;
+        }
+        records.push_back(std::move(*record));
+    }
+    summarise(o, records, c);
+    return c;
+}
+#endif
+
+cell run_cell(const options& o, const system_spec& s, std::size_t n) {
+    try {
+#ifdef HIVEMESH_HAVE_MPI
+        if (s.child == "mpi") return run_mpi(o, s, n);
+#endif
+        return run_children(o, s, n);
+    } catch (const std::exception& e) {
+        cell c;
+        c.status = e.what();
+        return c;
+    }
+}
+
+std::string json_string(const std::string& text) {
+    std::string out = "\"";
+    for (const char ch : text) {
+        if (ch == '"' || ch == '\\') {
+            out += '\\';
+            out += ch;
+        } else if (static_cast<unsigned char>(ch) < 0x20) {
+            char escaped[8];
+            std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(ch));
+            out += escaped;
+        } else {
+            out += ch;
+        }
+    }
+    return out + "\"";
+}
+
+std::string json_number(double v) {
+    if (!std::isfinite(v)) return "null";
+    char text[40];
+    std::snprintf(text, sizeof text, "%.6g", v);
+    return text;
+}
+
+struct target {
+    std::string text;
+    std::optional<bool> met; ///< nullopt: not measured in this run
+    std::string detail;
+};
+
+int driver_main(const options& o) {
+    std::signal(SIGPIPE, SIG_IGN); // a dead child's pipe is an error code, not our death
+    std::vector<system_spec> rows;
+    const auto known = all_systems();
+    if (o.systems.empty()) {
+        for (const auto& s : known)
+            if (s.built) rows.push_back(s);
+    } else {
+        for (const auto& name : o.systems) {
+            const auto it = std::find_if(known.begin(), known.end(),
+                                         [&](const system_spec& s) { return s.name == name; });
+            if (it == known.end()) throw usage_error("unknown system " + name);
+            if (it->built)
+                rows.push_back(*it);
+            else
+                std::fprintf(stderr, "bench_allreduce: %s was not built, skipped\n", name.c_str());
+        }
+    }
+    for (const auto& s : known)
+        if (!s.built)
+            std::fprintf(stderr, "bench_allreduce: %s not built (library not found)\n",
+                         s.label.c_str());
+
+    const std::string load_at_start = loadavg();
+    const double tensor_mb = static_cast<double>(o.elements) * sizeof(float) / 1e6;
+    std::fprintf(stderr,
+                 "bench_allreduce: %zu elements (%.1f MB), %zu warm-up + %zu timed rounds, "
+                 "%u cores, load %s\n",
+                 o.elements, tensor_mb, o.warmup, o.rounds, std::thread::hardware_concurrency(),
+                 load_at_start.c_str());
+    std::vector<std::vector<cell>> cells(rows.size());
+    bool any_failure = false;
+    for (std::size_t i = 0; i < rows.size(); ++i)
+        for (const auto n : o.processes) {
+            const double load = load1();
+            std::fprintf(stderr, "  %-34s N=%zu (load %.2f) ... ", rows[i].label.c_str(), n, load);
+            const auto began = std::chrono::steady_clock::now();
+            auto c = run_cell(o, rows[i], n);
+            c.load_before = load;
+            const double took =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+            if (c.status != "ok")
+                std::fprintf(stderr, "FAILED: %s\n", c.status.c_str());
+            else
+                std::fprintf(stderr, "%.3f s median%s (%.0f s in all)\n", c.median_seconds,
+                             c.wrong ? ", WRONG RESULT" : "", took);
+            if (c.status != "ok" || c.wrong) any_failure = true;
+            cells[i].push_back(std::move(c));
+        }
+    const std::string load_at_end = loadavg();
+
+    // The table.
+    std::printf("\nAll-reduce of %zu float32 (%.1f MB) over loopback TCP; median of %zu "
+                "rounds after %zu warm-up.\n",
+                o.elements, tensor_mb, o.rounds, o.warmup);
+    std::printf("s = median round seconds (earliest start to latest end); GB/s = algorithm "
+                "bandwidth = tensor bytes / s;\nmem = peak extra memory per process / tensor "
+                "bytes (VmHWM minus RSS after allocating the tensor).\n");
+    std::printf("Load average (1/5/15 min): %s at start, %s at end; %u cores.\n\n",
+                load_at_start.c_str(), load_at_end.c_str(), std::thread::hardware_concurrency());
+    std::printf("%-34s", "system / mode");
+    for (const auto n : o.processes)
+        std::printf(" | %-24s", ("N=" + std::to_string(n) + "  s / GB/s / mem").c_str());
+    std::printf("\n");
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+        std::printf("%-34s", rows[i].label.c_str());
+        for (const auto& c : cells[i]) {
+            if (c.status != "ok") {
+                std::printf(" | %-24s", ("FAILED: " + c.status).substr(0, 24).c_str());
+                continue;
+            }
+            char text[64];
+            std::snprintf(text, sizeof text, "%7.3f %6.3f %5.2fx%s", c.median_seconds,
+                          c.gbytes_per_second, c.memory_ratio, c.wrong ? " WRONG" : "");
+            std::printf(" | %-24s", text);
+        }
+        std::printf("\n");
+    }
+
+    // The issue's targets, where this run measured what they compare.
+    auto find = [&](const std::string& name, std::size_t n) -> const cell* {
+        for (std::size_t i = 0; i < rows.size(); ++i)
+            if (rows[i].name == name)
+                for (std::size_t j = 0; j < o.processes.size(); ++j)
+                    if (o.processes[j] == n && cells[i][j].status == "ok") return &cells[i][j];
+        return nullptr;
+    };
+    std::vector<target> targets;
+    {
+        target t{"hivemesh plaintext none at 4 processes no slower than Gloo halving-doubling",
+                 std::nullopt, ""};
+        const cell* ours = find("hivemesh", 4);
+        const cell* theirs = find("gloo-hd", 4);
+        if (ours && theirs) {
+            t.met = ours->median_seconds <= theirs->median_seconds;
+            t.detail = json_number(ours->median_seconds) + " s vs " +
+                       json_number(theirs->median_seconds) + " s";
+        }
+        targets.push_back(t);
+    }
+    for (const auto n : o.processes) {
+        target t{"hivemesh blockwise_8bit at least 2x faster than uncompressed, N=" +
+                     std::to_string(n),
+                 std::nullopt, ""};
+        const cell* plain = find("hivemesh", n);
+        const cell* packed = find("hivemesh-8bit", n);
+        if (plain && packed) {
+            t.met = packed->median_seconds * 2 <= plain->median_seconds;
+            t.detail = json_number(plain->median_seconds / packed->median_seconds) + "x";
+        }
+        targets.push_back(t);
+    }
+    {
+        target t{"hivemesh peak extra memory per process <= 1.5x the tensor", std::nullopt, ""};
+        double worst = 0;
+        bool any = false;
+        for (std::size_t i = 0; i < rows.size(); ++i)
+            if (rows[i].child == "hivemesh")
+                for (const auto& c : cells[i])
+                    if (c.status == "ok") {
+                        any = true;
+                        worst = std::max(worst, c.memory_ratio);
+                    }
+        if (any) {
+            t.met = worst <= 1.5;
+            t.detail = "worst " + json_number(worst) + "x";
+        }
+        targets.push_back(t);
+    }
+    std::printf("\nTargets (timing targets are not enforced by the exit status):\n");
+    for (const auto& t : targets)
+        std::printf("  [%s] %s%s\n",
+                    !t.met   ? "n/a "
+                    : *t.met ? "met "
+                             : "MISS",
+                    t.text.c_str(), t.detail.empty() ? "" : (": " + t.detail).c_str());
+    std::printf("Correctness: %s\n", any_failure ? "FAILED (see above)" : "every process ok");
+
+    if (!o.json_path.empty()) {
+        std::ofstream out(o.json_path);
+        out << "{\n  \"benchmark\": \"allreduce\",\n  \"elements\": " << o.elements
+            << ",\n  \"tensor_bytes\": " << o.elements * sizeof(float)
+            << ",\n  \"warmup_rounds\": " << o.warmup << ",\n  \"timed_rounds\": " << o.rounds
+            << ",\n  \"part_size_bytes\": " << o.part_size
+            << ",\n  \"cores\": " << std::thread::hardware_concurrency()
+            << ",\n  \"load_at_start\": " << json_string(load_at_start)
+            << ",\n  \"load_at_end\": " << json_string(load_at_end)
+            << ",\n  \"round_time\": \"earliest start to latest end over the processes, median "
+               "over timed rounds\",\n  \"bandwidth\": \"algorithm bandwidth: tensor bytes / "
+               "median round time, 1e9 bytes per GB\",\n  \"memory_ratio\": \"max over "
+               "processes of (VmHWM - VmRSS after allocating the tensor) / tensor bytes\",\n"
+            << "  \"results\": [";
+        bool first = true;
+        for (std::size_t i = 0; i < rows.size(); ++i)
+            for (std::size_t j = 0; j < o.processes.size(); ++j) {
+                const auto& c = cells[i][j];
+                out << (first ? "\n" : ",\n") << "    {\"system\": " << json_string(rows[i].name)
+                    << ", \"label\": " << json_string(rows[i].label)
+                    << ", \"processes\": " << o.processes[j]
+                    << ", \"status\": " << json_string(c.status)
+                    << ", \"correct\": " << (c.status == "ok" && !c.wrong ? "true" : "false")
+                    << ", \"load_before\": " << json_number(c.load_before);
+                first = false;
+                if (c.status == "ok") {
+                    out << ", \"median_seconds\": " << json_number(c.median_seconds)
+                        << ", \"gbytes_per_second\": " << json_number(c.gbytes_per_second)
+                        << ", \"memory_ratio\": " << json_number(c.memory_ratio)
+                        << ", \"max_error\": " << json_number(c.max_error)
+                        << ", \"round_seconds\": [";
+                    for (std::size_t r = 0; r < c.round_seconds.size(); ++r)
+                        out << (r ? ", " : "") << json_number(c.round_seconds[r]);
+                    out << "]";
+                }
+                out << "}";
+            }
+        out << "\n  ],\n  \"targets\": [";
+        for (std::size_t t = 0; t < targets.size(); ++t)
+            out << (t ? ",\n" : "\n") << "    {\"target\": " << json_string(targets[t].text)
+                << ", \"met\": "
+                << (!targets[t].met   ? "null"
+                    : *targets[t].met ? "true"
+                                      : "false")
+                << ", \"detail\": " << json_string(targets[t].detail) << "}";
+        out << "\n  ],\n  \"correct\": " << (any_failure ? "false" : "true") << "\n}\n";
+        if (!out) {
+            std::fprintf(stderr, "bench_allreduce: cannot write %s\n", o.json_path.c_str());
+            return 1;
+        }
+    }
+    return any_failure ? 1 : 0;
+}
+
+} // namespace
+} // namespace hivemesh::bench::allreduce
+
+int main(int argc, char** argv) {
+    using namespace hivemesh::bench::allreduce;
+    try {
+        const auto o = parse(argc, argv);
+        if (!o.child.empty()) return child_main(o);
+        return driver_main(o);
+    } catch (const usage_error& e) {
+        std::fprintf(stderr, "bench_allreduce: %s\n%s", e.what(), usage_text);
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_allreduce: %s\n", e.what());
+        return 1;
+    }
+}

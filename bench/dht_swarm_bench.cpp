@@ -1,0 +1,783 @@
+// DHT swarm benchmark: N hivemesh DHT nodes on loopback TCP (and OpenDHT's DhtRunner nodes
+// side by side when it is installed), bootstrapped to each other, then a fixed number of
+// stores and gets of distinct keys from random nodes with bounded concurrency. Reports store
+// and get latency (p50, p99), operations per second, success rate (a get must return exactly
+// the stored value) and memory per node, as a table and as JSON.
+//
+// Every row runs in child processes of this program (`--host SYSTEM`), so memory is measured
+// on a fresh process and a system that crashes at some size becomes a row that says so. A
+// child hosts its nodes and obeys commands on stdin, answering on stdout:
+//   parent: SEED <port> <id> ... GO     child: PEER <port> <id> ...
+//                                              READY <failed> <seconds> <connection cap>
+//   parent: STORE|GET <first> <count>   child: LAT <ms> ...
+//                                              DONE <tried> <ok> <seconds> <requests sent>
+//   parent: QUIT                        child: MEM <base KiB> <final KiB>, exits 0
+// A multi-process row starts process 0, then the others bootstrapped to process 0's nodes;
+// every process stores its share of the keys and gets the keys the next process stored.
+#include "dht_swarm.hpp"
+
+#include <hivemesh/core/clock.hpp>
+#include <hivemesh/core/log.hpp>
+#include <hivemesh/dht/node.hpp>
+#include <hivemesh/net/node.hpp>
+#include <hivemesh/net/tcp.hpp>
+
+#include <asio/executor_work_guard.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+
+namespace hivemesh::bench::swarm {
+namespace {
+
+// ---- hivemesh nodes ---------------------------------------------------------------------
+
+class hivemesh_host final : public host {
+public:
+    using transport = net::tcp::transport;
+    using rpc_node = net::node<transport>;
+    using dht_node = dht::node<transport>;
+
+    explicit hivemesh_host(const host_config& config)
+        : config_(config)
+        , rng_(config.seed * 1000003 + config.process_index) {
+        net::node_options rpc_options;
+        rpc_options.security.plaintext = config.plaintext;
+        rpc_options.max_connections = config.max_connections;
+        const std::size_t threads = std::max<std::size_t>(config.threads, 1);
+        for (std::size_t t = 0; t < threads; ++t)
+            ios_.push_back(std::make_unique<asio::io_context>(1));
+        // Every node exists before any io thread runs, so no handler races its construction.
+        for (std::size_t i = 0; i < config.nodes; ++i) {
+            auto& t = transports_.emplace_back(ios_[i % threads]->get_executor());
+            auto& rpc = rpcs_.emplace_back(std::make_unique<rpc_node>(t, identity(i), rpc_options));
+            auto listener = t.listen({asio::ip::address_v4::loopback(), 0});
+            endpoints_.push_back(listener.local_endpoint());
+            rpc->serve(std::move(listener));
+            dhts_.push_back(std::make_unique<dht_node>(*rpc, endpoints_.back()));
+        }
+        for (auto& io : ios_) {
+            guards_.emplace_back(io->get_executor());
+            threads_.emplace_back([&io = *io] { io.run(); });
+        }
+    }
+
+    ~hivemesh_host() override {
+        guards_.clear();
+        for (auto& io : ios_)
+            io->stop();
+        for (auto& t : threads_)
+            t.join();
+        dhts_.clear(); // the io threads are gone: closing touches no running node
+        rpcs_.clear();
+    }
+
+    std::size_t bootstrap(const std::vector<seed_peer>& seeds) override {
+        std::vector<rpc_node::peer> remote;
+        for (const auto& s : seeds) {
+            const auto id = crypto::peer_id::parse(s.id);
+            if (!id) throw std::runtime_error("bad seed PeerId " + s.id);
+            remote.push_back({*id, {asio::ip::address_v4::loopback(), s.port}});
+        }
+        std::mutex mutex;
+        std::condition_variable done;
+        std::size_t failed = 0;
+        constexpr std::size_t wave = 50; // the swarm grows as a real one does, not all at once
+        for (std::size_t begin = 0; begin < dhts_.size(); begin += wave) {
+            const std::size_t end = std::min(dhts_.size(), begin + wave);
+            std::size_t pending = 0;
+            for (std::size_t i = begin; i < end; ++i) {
+                std::vector<rpc_node::peer> initial;
+                if (!remote.empty()) initial.push_back(remote[rng_.uniform(remote.size())]);
+                if (i > 0) initial.push_back(address(0));
+                if (begin > 1) initial.push_back(address(1 + rng_.uniform(begin - 1)));
+                if (initial.empty()) continue; // the very first node: the others come to it
+                {
+                    std::lock_guard lock(mutex);
+                    ++pending;
+                }
+                dhts_[i]->async_bootstrap(std::move(initial), [&](std::error_code ec) {
+                    std::lock_guard lock(mutex);
+                    if (ec) ++failed;
+                    if (--pending == 0) done.notify_all();
+                });
+            }
+            std::unique_lock lock(mutex);
+            done.wait(lock, [&] { return pending == 0; });
+        }
+        std::fprintf(stderr, "process %zu: bootstrap sent %llu requests, %llu failed\n",
+                     config_.process_index, static_cast<unsigned long long>(requests_sent()),
+                     static_cast<unsigned long long>(requests_sent(true)));
+        return failed;
+    }
+
+    std::vector<seed_peer> peers() const override {
+        std::vector<seed_peer> out;
+        for (std::size_t i = 0; i < rpcs_.size(); ++i)
+            out.push_back({endpoints_[i].port(), rpcs_[i]->id().to_string()});
+        return out;
+    }
+
+    phase_result run_phase(bool store, std::size_t first, std::size_t count) override {
+        // Choices are made up front, so the operations (run on io threads) share no RNG.
+        std::vector<std::size_t> from(count);
+        for (std::size_t i = 0; i < count; ++i) {
+            const std::size_t key = first + i;
+            std::size_t n = rng_.uniform(dhts_.size());
+            if (!store && dhts_.size() > 1) {
+                // Never the node that stored the key: that one may answer from its own storage.
+                if (const auto it = stored_by_.find(key); it != stored_by_.end())
+                    n = (it->second + 1 + rng_.uniform(dhts_.size() - 1)) % dhts_.size();
+            }
+            if (store) stored_by_[key] = n;
+            from[i] = n;
+        }
+        const time_point expiration = wall_clock().now() + std::chrono::hours(1);
+        const std::uint64_t requests_before = requests_sent();
+        auto result = run_operations(
+            count, config_.concurrency, [&](std::size_t i, std::function<void(bool)> finish) {
+                const std::string key = key_of(first + i);
+                auto value = value_of(first + i, config_.value_size, config_.seed);
+                auto& node = *dhts_[from[i]];
+                if (store) {
+                    node.async_store(as_bytes(key), value, expiration,
+                                     [finish](std::error_code ec, dht::store_outcome outcome) {
+                                         finish(!ec && outcome.replicas > 0);
+                                     });
+                } else {
+                    node.async_get(as_bytes(key), dht::get_options{},
+                                   [finish, value = std::move(value)](std::error_code ec,
+                                                                      dht::key_entry entry) {
+                                       finish(!ec && entry.plain && entry.plain->value == value);
+                                   });
+                }
+            });
+        result.requests = requests_sent() - requests_before;
+        return result;
+    }
+
+private:
+    crypto::identity identity(std::size_t i) const {
+        random_generator rng(config_.seed * 0x51ED270B27u + config_.process_index * 1000003u + i);
+        std::array<std::byte, 32> seed{};
+        for (auto& b : seed)
+            b = static_cast<std::byte>(rng() & 0xFF);
+        return crypto::identity::from_seed(seed);
+    }
+
+    rpc_node::peer address(std::size_t i) const { return {rpcs_[i]->id(), endpoints_[i]}; }
+
+    /// DHT requests sent by all nodes so far (or those that failed), read on each node's
+    /// own thread.
+    std::uint64_t requests_sent(bool failed_only = false) {
+        std::uint64_t total = 0;
+        for (std::size_t t = 0; t < ios_.size(); ++t) {
+            std::promise<std::uint64_t> sum;
+            asio::post(*ios_[t], [&] {
+                std::uint64_t n = 0;
+                for (std::size_t i = t; i < dhts_.size(); i += ios_.size())
+                    n += failed_only ? dhts_[i]->statistics().requests_failed
+                                     : dhts_[i]->statistics().requests_sent;
+                sum.set_value(n);
+            });
+            total += sum.get_future().get();
+        }
+        return total;
+    }
+
+    host_config config_;
+    random_generator rng_;
+    std::vector<std::unique_ptr<asio::io_context>> ios_;
+    std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
+    std::vector<std::thread> threads_;
+    std::deque<transport> transports_;
+    std::vector<std::unique_ptr<rpc_node>> rpcs_;
+    std::vector<std::unique_ptr<dht_node>> dhts_;
+    std::vector<asio::ip::tcp::endpoint> endpoints_;
+    std::map<std::size_t, std::size_t> stored_by_;
+};
+
+// ---- command line -------------------------------------------------------------------------
+
+struct usage_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct options {
+    std::vector<std::size_t> sizes{100, 200, 1000};
+    std::size_t processes = 4;
+    std::size_t nodes_per_process = 50;
+    std::size_t ops = 1000;
+    std::size_t opendht_max_nodes = 400;
+    bool opendht = true;
+    bool require_success = false;
+    std::optional<std::string> json;
+    unsigned child_timeout_s = 0; ///< 0: 120 s plus 0.6 s per node of the process
+    host_config host;
+    std::optional<std::string> host_system; ///< set in a child: which nodes to host
+};
+
+constexpr const char* usage_text =
+    "usage: bench_dht_swarm [--sizes N,N,...|none] [--processes P] [--nodes-per-process N]\n"
+    "                       [--ops N] [--concurrency N] [--value-size BYTES] [--threads T]\n"
+    "                       [--plaintext] [--max-connections N] [--opendht-max-nodes N]\n"
+    "                       [--no-opendht] [--seed S] [--json FILE] [--require-success]\n"
+    "  --sizes              single-process swarm sizes (default 100,200,1000)\n"
+    "  --processes P        also a row of P processes x --nodes-per-process nodes\n"
+    "                       (default 4 x 50; 0 for none)\n"
+    "  --ops N              stores, then as many gets, of distinct keys (default 1000)\n"
+    "  --concurrency N      operations in flight, over all processes (default 16)\n"
+    "  --value-size BYTES   size of each value (default 64)\n"
+    "  --threads T          hivemesh io threads per process, one io_context each (default\n"
+    "                       2: at 1000 nodes 1.4-1.7x the throughput of 1; equal at 200)\n"
+    "  --plaintext          hivemesh sessions authenticated but unencrypted\n"
+    "  --max-connections N  hivemesh per-node connection cap, 0 for none (default: 3/4 of\n"
+    "                       the descriptor limit over the nodes of a process; none if\n"
+    "                       that is 256 or more)\n"
+    "  --opendht-max-nodes  largest OpenDHT swarm per process (default 400: OpenDHT uses\n"
+    "                       select(), which aborts past FD_SETSIZE descriptors)\n"
+    "  --no-opendht         hivemesh only\n"
+    "  --json FILE          also write the rows as JSON\n"
+    "  --require-success    exit 1 unless every hivemesh store and get succeeded\n"
+    "  --child-timeout S    a process hosting nodes is killed after S seconds\n"
+    "                       (default 120 + 0.6 per node it hosts)\n";
+
+std::size_t parse_count(std::string_view flag, std::string_view text) {
+    std::size_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc{} || end != text.data() + text.size())
+        throw usage_error(std::string(flag) + ": not a number: " + std::string(text));
+    return v;
+}
+
+options parse_options(int argc, char** argv) {
+    options o;
+    bool auto_connections = true;
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        const auto value = [&]() -> std::string_view {
+            if (i + 1 >= argc) throw usage_error(std::string(arg) + " needs a value");
+            return argv[++i];
+        };
+        const auto count = [&] { return parse_count(arg, value()); };
+        if (arg == "--sizes") {
+            o.sizes.clear();
+            const std::string list(value());
+            if (list == "none") continue;
+            std::stringstream in(list);
+            for (std::string item; std::getline(in, item, ',');)
+                o.sizes.push_back(parse_count(arg, item));
+        } else if (arg == "--processes") {
+            o.processes = count();
+        } else if (arg == "--nodes-per-process") {
+            o.nodes_per_process = count();
+        } else if (arg == "--ops") {
+            o.ops = count();
+        } else if (arg == "--concurrency") {
+            o.host.concurrency = count();
+        } else if (arg == "--value-size") {
+            o.host.value_size = count();
+        } else if (arg == "--threads") {
+            o.host.threads = count();
+        } else if (arg == "--plaintext") {
+            o.host.plaintext = true;
+        } else if (arg == "--max-connections") {
+            o.host.max_connections = count();
+            auto_connections = false;
+        } else if (arg == "--opendht-max-nodes") {
+            o.opendht_max_nodes = count();
+        } else if (arg == "--no-opendht") {
+            o.opendht = false;
+        } else if (arg == "--seed") {
+            o.host.seed = count();
+        } else if (arg == "--json") {
+            o.json = std::string(value());
+        } else if (arg == "--require-success") {
+            o.require_success = true;
+        } else if (arg == "--child-timeout") {
+            o.child_timeout_s = static_cast<unsigned>(count());
+        } else if (arg == "--host") { // internal: this process is a child hosting nodes
+            o.host_system = std::string(value());
+        } else if (arg == "--nodes") {
+            o.host.nodes = count();
+        } else if (arg == "--process-index") {
+            o.host.process_index = count();
+        } else if (arg == "--help" || arg == "-h") {
+            std::cout << usage_text;
+            std::exit(0);
+        } else {
+            throw usage_error("unknown argument " + std::string(arg));
+        }
+    }
+    if (auto_connections) o.host.max_connections = std::numeric_limits<std::size_t>::max();
+    return o;
+}
+
+/// Raises the descriptor limit to the hard limit; returns the soft limit now in force.
+std::size_t raise_descriptor_limit() {
+    rlimit limit{};
+    if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
+    if (limit.rlim_cur < limit.rlim_max) {
+        limit.rlim_cur = limit.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &limit);
+        getrlimit(RLIMIT_NOFILE, &limit);
+    }
+    return static_cast<std::size_t>(limit.rlim_cur);
+}
+
+// ---- child: host nodes, obey commands ------------------------------------------------------
+
+std::unique_ptr<host> make_host(const std::string& system, const host_config& config) {
+    if (system == "hivemesh") return std::make_unique<hivemesh_host>(config);
+#ifdef HIVEMESH_HAVE_OPENDHT
+    if (system == "opendht") return make_opendht_host(config);
+#endif
+    throw usage_error("unknown system " + system);
+}
+
+int host_main(const options& o, std::size_t descriptor_limit) {
+    alarm(o.child_timeout_s ? o.child_timeout_s : 300); // a hung child dies, its row says so
+    host_config config = o.host;
+    if (config.max_connections == std::numeric_limits<std::size_t>::max()) {
+        // Every connection costs a descriptor at both ends, all in this process: keep the
+        // total under the limit, with room for listeners and connections being replaced.
+        const std::size_t per_node =
+            descriptor_limit * 3 / 4 / std::max<std::size_t>(config.nodes, 1);
+        config.max_connections = per_node >= 256 ? 0 : std::max<std::size_t>(per_node, 4);
+    }
+    const std::size_t base = rss_kib();
+    auto nodes = make_host(*o.host_system, config);
+    std::vector<seed_peer> seeds;
+    for (std::string line; std::getline(std::cin, line) && line != "GO";) {
+        std::istringstream in(line);
+        std::string word;
+        seed_peer s;
+        if (in >> word >> s.port >> s.id && word == "SEED") seeds.push_back(s);
+    }
+    const auto began = std::chrono::steady_clock::now();
+    const std::size_t failed = nodes->bootstrap(seeds);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    for (const auto& p : nodes->peers())
+        std::printf("PEER %u %s\n", static_cast<unsigned>(p.port), p.id.c_str());
+    std::printf("READY %zu %.3f %zu\n", failed, seconds, config.max_connections);
+    std::fflush(stdout);
+    for (std::string line; std::getline(std::cin, line);) {
+        std::istringstream in(line);
+        std::string command;
+        std::size_t first = 0, count = 0;
+        in >> command >> first >> count;
+        if (command == "STORE" || command == "GET") {
+            const auto r = nodes->run_phase(command == "STORE", first, count);
+            std::string text = "LAT";
+            char number[32];
+            for (const double ms : r.latencies_ms) {
+                std::snprintf(number, sizeof number, " %.3f", ms);
+                text += number;
+            }
+            std::printf("%s\nDONE %zu %zu %.6f %llu\n", text.c_str(), r.attempted, r.succeeded,
+                        r.seconds, static_cast<unsigned long long>(r.requests));
+            std::fflush(stdout);
+        } else if (command == "QUIT") {
+            std::printf("MEM %zu %zu\n", base, rss_kib());
+            std::fflush(stdout);
+            nodes.reset();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+// ---- parent: spawn children, run the workload, report -------------------------------------
+
+struct child {
+    pid_t pid = -1;
+    FILE* to = nullptr;
+    FILE* from = nullptr;
+};
+
+child spawn(const std::vector<std::string>& args) {
+    int in[2], out[2];
+    if (pipe(in) != 0 || pipe(out) != 0) throw std::system_error(errno, std::generic_category());
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) throw std::system_error(errno, std::generic_category(), "fork");
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        close(in[0]);
+        close(in[1]);
+        close(out[0]);
+        close(out[1]);
+        std::vector<char*> argv;
+        for (const auto& a : args)
+            argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        execv("/proc/self/exe", argv.data());
+        std::perror("bench_dht_swarm: execv");
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    return {pid, fdopen(in[1], "w"), fdopen(out[0], "r")};
+}
+
+/// Waits for the child; "" for a clean exit, else what happened.
+std::string reap(child& c) {
+    if (c.to) std::fclose(c.to);
+    if (c.from) std::fclose(c.from);
+    c.to = c.from = nullptr;
+    int status = 0;
+    if (c.pid > 0 && waitpid(c.pid, &status, 0) == c.pid) {
+        c.pid = -1;
+        if (WIFSIGNALED(status))
+            return std::string("killed by signal ") + strsignal(WTERMSIG(status));
+        if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+            return "exit status " + std::to_string(WEXITSTATUS(status));
+    }
+    return {};
+}
+
+std::optional<std::string> read_line(child& c) {
+    std::string line;
+    int ch = 0;
+    while ((ch = std::fgetc(c.from)) != EOF && ch != '\n')
+        line.push_back(static_cast<char>(ch));
+    if (ch == EOF && line.empty()) return std::nullopt;
+    return line;
+}
+
+void send_line(child& c, const std::string& line) {
+    std::fputs((line + "\n").c_str(), c.to);
+    std::fflush(c.to);
+}
+
+struct phase_row {
+    std::size_t attempted = 0, succeeded = 0;
+    std::uint64_t requests = 0; ///< DHT requests sent meanwhile (hivemesh only)
+    double seconds = 0, p50 = 0, p99 = 0;
+    double success() const { return attempted ? 100.0 * succeeded / attempted : 0; }
+    double ops_per_second() const { return seconds > 0 ? attempted / seconds : 0; }
+    double requests_per_op() const {
+        return attempted ? static_cast<double>(requests) / static_cast<double>(attempted) : 0;
+    }
+};
+
+struct row {
+    std::string system;
+    std::size_t nodes = 0, processes = 1;
+    bool ran = false;
+    std::string note;
+    double setup_seconds = 0;
+    std::size_t bootstrap_failures = 0;
+    std::size_t max_connections = 0;
+    phase_row store, get;
+    double kib_per_node = 0;
+};
+
+double percentile(std::vector<double> v, double q) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
+    return v[std::clamp<std::size_t>(rank, 1, v.size()) - 1];
+}
+
+struct child_failure : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+/// Reads lines until one starting with `word`; PEER lines go to `peers`.
+std::string expect(child& c, const std::string& word, std::vector<seed_peer>* peers = nullptr) {
+    while (auto line = read_line(c)) {
+        if (line->rfind(word + " ", 0) == 0 || *line == word) return *line;
+        if (peers && line->rfind("PEER ", 0) == 0) {
+            std::istringstream in(line->substr(5));
+            seed_peer p;
+            in >> p.port >> p.id;
+            peers->push_back(p);
+        }
+    }
+    const std::string why = reap(c);
+    throw child_failure(why.empty() ? "child ended early" : why);
+}
+
+row run_row(const options& o, const std::string& system, std::size_t processes,
+            std::size_t nodes_per_process) {
+    row r;
+    r.system = system;
+    r.processes = processes;
+    r.nodes = processes * nodes_per_process;
+    std::vector<child> children;
+    const auto args = [&](std::size_t index) {
+        std::vector<std::string> a{"bench_dht_swarm",
+                                   "--host",
+                                   system,
+                                   "--nodes",
+                                   std::to_string(nodes_per_process),
+                                   "--process-index",
+                                   std::to_string(index),
+                                   "--seed",
+                                   std::to_string(o.host.seed),
+                                   "--concurrency",
+                                   std::to_string((o.host.concurrency + processes - 1) / processes),
+                                   "--value-size",
+                                   std::to_string(o.host.value_size),
+                                   "--threads",
+                                   std::to_string(o.host.threads),
+                                   "--child-timeout",
+                                   std::to_string(o.child_timeout_s
+                                                      ? o.child_timeout_s
+                                                      : 120 + nodes_per_process * 3 / 5)};
+        if (o.host.max_connections != std::numeric_limits<std::size_t>::max()) {
+            a.push_back("--max-connections");
+            a.push_back(std::to_string(o.host.max_connections));
+        }
+        if (o.host.plaintext) a.push_back("--plaintext");
+        return a;
+    };
+    const auto ready = [&](child& c, std::vector<seed_peer>* peers) {
+        std::istringstream in(expect(c, "READY", peers).substr(6));
+        std::size_t failed = 0, cap = 0;
+        double seconds = 0;
+        in >> failed >> seconds >> cap;
+        r.bootstrap_failures += failed;
+        r.max_connections = cap;
+    };
+    try {
+        const auto began = std::chrono::steady_clock::now();
+        std::vector<seed_peer> first_peers;
+        children.push_back(spawn(args(0)));
+        send_line(children[0], "GO");
+        ready(children[0], &first_peers);
+        for (std::size_t k = 1; k < processes; ++k) {
+            children.push_back(spawn(args(k)));
+            for (const auto& p : first_peers)
+                send_line(children.back(), "SEED " + std::to_string(p.port) + " " + p.id);
+            send_line(children.back(), "GO");
+        }
+        for (std::size_t k = 1; k < processes; ++k)
+            ready(children[k], nullptr);
+        r.setup_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+
+        const auto phase = [&](const char* command, std::size_t shift, phase_row& out) {
+            for (std::size_t k = 0; k < processes; ++k) {
+                const std::size_t from = (k + shift) % processes;
+                const std::size_t first = o.ops * from / processes;
+                const std::size_t last = o.ops * (from + 1) / processes;
+                send_line(children[k], std::string(command) + " " + std::to_string(first) + " " +
+                                           std::to_string(last - first));
+            }
+            std::vector<double> latencies;
+            for (auto& c : children) {
+                std::istringstream lat(expect(c, "LAT").substr(3));
+                for (double ms = 0; lat >> ms;)
+                    latencies.push_back(ms);
+                std::istringstream done(expect(c, "DONE").substr(5));
+                std::size_t attempted = 0, succeeded = 0;
+                double seconds = 0;
+                std::uint64_t requests = 0;
+                done >> attempted >> succeeded >> seconds >> requests;
+                out.requests += requests;
+                out.attempted += attempted;
+                out.succeeded += succeeded;
+                out.seconds = std::max(out.seconds, seconds);
+            }
+            out.p50 = percentile(latencies, 0.50);
+            out.p99 = percentile(latencies, 0.99);
+        };
+        phase("STORE", 0, r.store);
+        phase("GET", processes > 1 ? 1 : 0, r.get); // the keys another process stored
+
+        double kib = 0;
+        for (auto& c : children) {
+            send_line(c, "QUIT");
+            std::istringstream in(expect(c, "MEM").substr(4));
+            std::size_t base = 0, final_kib = 0;
+            in >> base >> final_kib;
+            kib += static_cast<double>(final_kib) - static_cast<double>(base);
+            if (auto why = reap(c); !why.empty()) throw child_failure(why + " while closing");
+        }
+        r.kib_per_node = kib / static_cast<double>(r.nodes);
+        r.ran = true;
+        if (r.bootstrap_failures)
+            r.note = std::to_string(r.bootstrap_failures) + " bootstrap failures";
+    } catch (const child_failure& e) {
+        r.note = std::string("failed: ") + e.what();
+        for (auto& c : children)
+            if (c.pid > 0) {
+                kill(c.pid, SIGKILL);
+                reap(c);
+            }
+    }
+    return r;
+}
+
+void print_table(const std::vector<row>& rows) {
+    std::printf("\n%-9s %6s %5s %7s %9s %9s %8s %7s %9s %9s %8s %7s %9s %9s  %s\n", "system",
+                "nodes", "procs", "setup s", "store p50", "store p99", "store/s", "store%",
+                "get p50", "get p99", "get/s", "get%", "KiB/node", "req/op", "note");
+    for (const auto& r : rows) {
+        if (!r.ran) {
+            std::printf("%-9s %6zu %5zu %s\n", r.system.c_str(), r.nodes, r.processes,
+                        r.note.c_str());
+            continue;
+        }
+        char requests[32] = "-";
+        if (r.store.requests && r.get.attempted)
+            std::snprintf(requests, sizeof requests, "%.1f/%.1f", r.store.requests_per_op(),
+                          r.get.requests_per_op());
+        std::printf("%-9s %6zu %5zu %7.1f %7.2fms %7.2fms %8.0f %6.1f%% %7.2fms %7.2fms %8.0f "
+                    "%6.1f%% %9.1f %9s  %s\n",
+                    r.system.c_str(), r.nodes, r.processes, r.setup_seconds, r.store.p50,
+                    r.store.p99, r.store.ops_per_second(), r.store.success(), r.get.p50, r.get.p99,
+                    r.get.ops_per_second(), r.get.success(), r.kib_per_node, requests,
+                    r.note.c_str());
+    }
+    std::fflush(stdout);
+}
+
+std::string json_string(const std::string& s) {
+    std::string out = "\"";
+    for (const char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        if (static_cast<unsigned char>(c) < 0x20) continue;
+        out += c;
+    }
+    return out + "\"";
+}
+
+void write_json(const std::string& path, const options& o, const std::vector<row>& rows) {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (!f) throw std::runtime_error("cannot write " + path);
+    std::fprintf(f,
+                 "{\n  \"benchmark\": \"dht_swarm\",\n  \"transport\": \"tcp loopback\",\n"
+                 "  \"ops\": %zu,\n  \"concurrency\": %zu,\n  \"value_size\": %zu,\n"
+                 "  \"hivemesh_threads\": %zu,\n  \"hivemesh_encrypted\": %s,\n  \"rows\": [",
+                 o.ops, o.host.concurrency, o.host.value_size, o.host.threads,
+                 o.host.plaintext ? "false" : "true");
+    const auto phase = [&](const char* name, const phase_row& p) {
+        std::fprintf(f,
+                     ",\n     \"%s\": {\"attempted\": %zu, \"succeeded\": %zu, \"success_rate\": "
+                     "%.4f, \"seconds\": %.4f, \"ops_per_second\": %.1f, \"p50_ms\": %.3f, "
+                     "\"p99_ms\": %.3f, \"requests_per_op\": %.2f}",
+                     name, p.attempted, p.succeeded, p.success() / 100, p.seconds,
+                     p.ops_per_second(), p.p50, p.p99, p.requests_per_op());
+    };
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+        const auto& r = rows[i];
+        std::fprintf(f,
+                     "%s\n    {\"system\": %s, \"nodes\": %zu, \"processes\": %zu, \"ran\": %s, "
+                     "\"note\": %s",
+                     i ? "," : "", json_string(r.system).c_str(), r.nodes, r.processes,
+                     r.ran ? "true" : "false", json_string(r.note).c_str());
+        if (r.ran) {
+            std::fprintf(f,
+                         ",\n     \"setup_seconds\": %.3f, \"bootstrap_failures\": %zu, "
+                         "\"max_connections\": %zu, \"rss_kib_per_node\": %.1f",
+                         r.setup_seconds, r.bootstrap_failures, r.max_connections, r.kib_per_node);
+            phase("store", r.store);
+            phase("get", r.get);
+        }
+        std::fprintf(f, "}");
+    }
+    std::fprintf(f, "\n  ]\n}\n");
+    std::fclose(f);
+}
+
+int parent_main(const options& o) {
+#ifdef HIVEMESH_HAVE_OPENDHT
+    const bool opendht = o.opendht;
+#else
+    const bool opendht = false;
+    if (o.opendht) std::printf("OpenDHT: not built (libopendht-dev was not found)\n");
+#endif
+    std::vector<std::pair<std::size_t, std::size_t>> shapes; // processes x nodes each
+    for (const auto n : o.sizes)
+        shapes.emplace_back(1, n);
+    if (o.processes > 0 && o.nodes_per_process > 0)
+        shapes.emplace_back(o.processes, o.nodes_per_process);
+    std::vector<row> rows;
+    bool failed = false;
+    for (const auto& [processes, per_process] : shapes) {
+        for (const std::string system : {"hivemesh", "opendht"}) {
+            if (system == "opendht" && !opendht) continue;
+            std::fprintf(stderr, "running %s: %zu x %zu nodes\n", system.c_str(), processes,
+                         per_process);
+            if (system == "opendht" && per_process > o.opendht_max_nodes) {
+                row r;
+                r.system = system;
+                r.processes = processes;
+                r.nodes = processes * per_process;
+                r.note = "skipped: " + std::to_string(per_process) +
+                         " nodes in one process is above --opendht-max-nodes " +
+                         std::to_string(o.opendht_max_nodes) +
+                         " (OpenDHT's select() aborts past FD_SETSIZE descriptors)";
+                rows.push_back(r);
+                continue;
+            }
+            rows.push_back(run_row(o, system, processes, per_process));
+            const auto& r = rows.back();
+            if (system == "hivemesh") {
+                if (!r.ran || r.bootstrap_failures) failed = true;
+                if (o.require_success &&
+                    (r.store.succeeded != r.store.attempted || r.get.succeeded != r.get.attempted))
+                    failed = true;
+            }
+            print_table({r});
+        }
+    }
+    std::printf("\nDHT swarm on loopback TCP: %zu stores then %zu gets of distinct %zu-byte "
+                "values from random nodes, %zu in flight; hivemesh %s, %zu io thread(s)\n",
+                o.ops, o.ops, o.host.value_size, o.host.concurrency,
+                o.host.plaintext ? "plaintext" : "encrypted", o.host.threads);
+    print_table(rows);
+    if (o.json) write_json(*o.json, o, rows);
+    return failed ? 1 : 0;
+}
+
+} // namespace
+} // namespace hivemesh::bench::swarm
+
+int main(int argc, char** argv) {
+    using namespace hivemesh::bench::swarm;
+    try {
+        const auto descriptors = raise_descriptor_limit();
+        const auto o = parse_options(argc, argv);
+        hivemesh::log::set_level(hivemesh::log::level::error);
+        if (o.host_system) return host_main(o, descriptors);
+        std::signal(SIGPIPE, SIG_IGN); // a dead child shows as EOF on its pipe instead
+        return parent_main(o);
+    } catch (const usage_error& e) {
+        std::cerr << "bench_dht_swarm: " << e.what() << "\n" << usage_text;
+        return 2;
+    } catch (const std::exception& e) {
+        std::cerr << "bench_dht_swarm: " << e.what() << "\n";
+        return 1;
+    }
+}

@@ -1,0 +1,404 @@
+// A local Moshpit swarm: N OS processes on loopback TCP find each other through the DHT,
+// form groups by their Moshpit keys and average a real-size tensor round after round.
+//
+//   moshpit_swarm [--peers 16] [--group 4] [--rounds 3] [--elements 4194304]
+//                 [--codec none|float16|blockwise_8bit] [--plaintext] [--base-port 29300]
+//                 [--json FILE] [--check]
+//
+// The parent starts one child process per peer (the same program with --rank) and prints,
+// per round: the group sizes, the slowest peer's step time, the bytes sent, the throughput,
+// and how far the peers still are from the global mean (root mean square over peers and
+// elements; every peer starts with the values rank + a small pattern, so the mean is known
+// everywhere). With N = group^d peers the swarm holds the exact mean after d rounds;
+// --check exits 1 unless the last round averaged everything and reached the mean.
+#include <hivemesh/averaging/averager.hpp>
+#include <hivemesh/dht/node.hpp>
+#include <hivemesh/net/tcp.hpp>
+#include <hivemesh/tensor/raw.hpp>
+
+#include <asio/executor_work_guard.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/thread_pool.hpp>
+
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+using namespace hivemesh;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct options {
+    std::size_t peers = 16;
+    std::size_t group = 4;
+    std::size_t rounds = 3;
+    std::size_t elements = std::size_t{1} << 22; // 16 MiB of float32
+    compression::kind codec = compression::kind::none;
+    bool plaintext = false;
+    bool check = false; ///< fail unless the last round holds the exact mean everywhere
+    unsigned base_port = 29300;
+    std::string json;
+    std::optional<std::size_t> rank;
+};
+
+const char* usage = "usage: moshpit_swarm [--peers N] [--group G] [--rounds R] [--elements V]\n"
+                    "                     [--codec none|float16|blockwise_8bit] [--plaintext]\n"
+                    "                     [--base-port P] [--json FILE] [--check]\n";
+
+std::size_t number(std::string_view text, const char* what) {
+    std::size_t value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc{} || end != text.data() + text.size())
+        throw std::invalid_argument(std::string("bad number for ") + what + ": " +
+                                    std::string(text));
+    return value;
+}
+
+options parse(int argc, char** argv) {
+    options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        auto value = [&]() -> std::string_view {
+            if (i + 1 >= argc) throw std::invalid_argument(std::string(arg) + " needs a value");
+            return argv[++i];
+        };
+        if (arg == "--peers")
+            o.peers = number(value(), "--peers");
+        else if (arg == "--group")
+            o.group = number(value(), "--group");
+        else if (arg == "--rounds")
+            o.rounds = number(value(), "--rounds");
+        else if (arg == "--elements")
+            o.elements = number(value(), "--elements");
+        else if (arg == "--base-port")
+            o.base_port = static_cast<unsigned>(number(value(), "--base-port"));
+        else if (arg == "--rank")
+            o.rank = number(value(), "--rank");
+        else if (arg == "--json")
+            o.json = value();
+        else if (arg == "--plaintext")
+            o.plaintext = true;
+        else if (arg == "--check")
+            o.check = true;
+        else if (arg == "--codec") {
+            const auto name = value();
+            bool known = false;
+            for (auto k : compression::all_kinds)
+                if (compression::to_string(k) == name) {
+                    o.codec = k;
+                    known = true;
+                }
+            if (!known) throw std::invalid_argument("unknown codec " + std::string(name));
+        } else {
+            throw std::invalid_argument("unknown argument " + std::string(arg));
+        }
+    }
+    if (o.peers < 2 || o.group < 2 || o.group > o.peers || o.rounds < 1 || o.elements < 1)
+        throw std::invalid_argument("need 2 <= group <= peers, rounds >= 1, elements >= 1");
+    if (o.base_port + o.peers > 65535) throw std::invalid_argument("--base-port too high");
+    return o;
+}
+
+/// Every peer's identity follows from its rank, so all know rank 0's PeerId.
+crypto::identity identity_of(std::size_t rank) {
+    std::array<std::byte, 32> seed{};
+    seed.fill(static_cast<std::byte>(rank + 1));
+    seed[0] = std::byte{0x5A};
+    return crypto::identity::from_seed(seed);
+}
+
+float pattern(std::size_t i) {
+    return 0.01f * static_cast<float>(i % 97);
+}
+
+/// Bits per key: the swarm is split into peers/group groups of `group`.
+std::size_t key_bits(const options& o) {
+    std::size_t groups = std::max<std::size_t>(1, o.peers / o.group), bits = 0;
+    while ((std::size_t{1} << (bits + 1)) <= groups)
+        ++bits;
+    return bits;
+}
+
+// ---- one peer ----------------------------------------------------------------------------
+
+int run_peer(const options& o) {
+    using rpc_type = net::node<net::tcp::transport>;
+    using dht_type = dht::node<net::tcp::transport>;
+    const std::size_t rank = *o.rank;
+    // Declared first, destroyed last: strands on it outlive handlers still queued in `io`.
+    asio::thread_pool compute(1);
+    asio::io_context io;
+    net::tcp::transport tcp(io.get_executor());
+    net::node_options rpc_options;
+    rpc_options.security.plaintext = o.plaintext;
+    rpc_type rpc(tcp, identity_of(rank), rpc_options);
+    const auto loopback = asio::ip::address_v4::loopback();
+    const asio::ip::tcp::endpoint endpoint(loopback,
+                                           static_cast<unsigned short>(o.base_port + rank));
+    rpc.serve(tcp.listen(endpoint));
+    dht_type dht(rpc, endpoint);
+
+    std::vector<float> values(o.elements);
+    for (std::size_t i = 0; i < values.size(); ++i)
+        values[i] = static_cast<float>(rank) + pattern(i);
+    const double mean_rank = static_cast<double>(o.peers - 1) / 2.0;
+
+    averaging::averager_options ao;
+    ao.prefix = "swarm";
+    ao.group_bits = key_bits(o);
+    ao.initial_bits =
+        averaging::group_bits(rank % (std::size_t{1} << ao.group_bits), ao.group_bits);
+    ao.target_group_size = o.group;
+    ao.min_group_size = 2;
+    ao.matchmaking_time = 10s;
+    ao.averaging_timeout = 120s;
+    ao.bandwidth = 1e9;
+    ao.allreduce.codec = o.codec;
+    std::vector<tensor::tensor_ref> tensors;
+    tensors.emplace_back(values);
+    averaging::averager<net::tcp::transport> averager(rpc, dht, endpoint, tensors, ao,
+                                                      compute.get_executor());
+
+    auto work = asio::make_work_guard(io);
+    std::thread io_thread([&] { io.run(); });
+    int exit_code = 0;
+    try {
+        if (rank != 0) {
+            const rpc_type::peer first{
+                identity_of(0).id(),
+                asio::ip::tcp::endpoint(loopback, static_cast<unsigned short>(o.base_port))};
+            for (int attempt = 0;; ++attempt) {
+                try {
+                    dht.bootstrap({first});
+                    break;
+                } catch (const std::system_error&) {
+                    if (attempt == 100) throw;
+                    std::this_thread::sleep_for(200ms);
+                }
+            }
+        }
+        std::this_thread::sleep_for(1s); // let the routing tables fill
+        for (std::size_t round = 1; round <= o.rounds; ++round) {
+            const auto start = std::chrono::steady_clock::now();
+            std::ostringstream line;
+            line << "round " << round << " rank " << rank;
+            try {
+                const auto result = averager.step(1.0);
+                const double seconds =
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                // Only the main thread touches the tensor between steps.
+                double squares = 0;
+                for (std::size_t i = 0; i < values.size(); ++i) {
+                    const double d = values[i] - (mean_rank + pattern(i));
+                    squares += d * d;
+                }
+                line << " seconds " << seconds << " group " << result.group_size << " fraction "
+                     << result.allreduce.fraction_averaged() << " sent "
+                     << result.allreduce.bytes_sent << " squares " << squares;
+                std::size_t local_parts = 0;
+                for (const auto& part : result.allreduce.parts)
+                    local_parts += part.averaged() ? 0 : 1;
+                if (local_parts > 0) {
+                    std::ostringstream why;
+                    why << "moshpit_swarm rank " << rank << " round " << round << ": "
+                        << local_parts << " parts stayed local (reducers";
+                    for (const auto& part : result.allreduce.parts)
+                        if (!part.averaged()) why << ' ' << part.reducer << '@' << part.begin;
+                    std::cerr << why.str() << ")\n";
+                }
+            } catch (const std::system_error& e) {
+                line << " error " << e.code().value();
+                exit_code = 1;
+            }
+            std::cout << line.str() << std::endl;
+        }
+    } catch (const std::exception& e) {
+        std::cerr << "moshpit_swarm rank " << rank << ": " << e.what() << '\n';
+        exit_code = 1;
+    }
+    // Stay reachable a little, so slower peers finish their last round with us.
+    std::this_thread::sleep_for(3s);
+    asio::post(io, [&] {
+        dht.close();
+        rpc.close();
+    });
+    work.reset();
+    std::this_thread::sleep_for(200ms);
+    io.stop();
+    io_thread.join();
+    return exit_code;
+}
+
+// ---- the parent --------------------------------------------------------------------------
+
+struct round_summary {
+    std::size_t reports = 0, failures = 0, min_group = SIZE_MAX, max_group = 0;
+    double slowest = 0, squares = 0, fraction = 0;
+    std::uint64_t sent = 0;
+};
+
+int run_swarm(const options& o, const char* self) {
+    std::cout << "moshpit_swarm: " << o.peers << " processes, groups of " << o.group << ", "
+              << key_bits(o) << "-bit keys, " << o.elements << " float32 ("
+              << (o.elements * 4.0 / (1 << 20)) << " MiB) each, codec "
+              << compression::to_string(o.codec) << (o.plaintext ? ", plaintext" : ", encrypted")
+              << "\n";
+    std::vector<pid_t> children;
+    std::vector<int> pipes;
+    for (std::size_t rank = 0; rank < o.peers; ++rank) {
+        int fds[2];
+        if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+        posix_spawn_file_actions_t actions;
+        posix_spawn_file_actions_init(&actions);
+        posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+        posix_spawn_file_actions_addclose(&actions, fds[0]);
+        std::vector<std::string> args{self,
+                                      "--rank",
+                                      std::to_string(rank),
+                                      "--peers",
+                                      std::to_string(o.peers),
+                                      "--group",
+                                      std::to_string(o.group),
+                                      "--rounds",
+                                      std::to_string(o.rounds),
+                                      "--elements",
+                                      std::to_string(o.elements),
+                                      "--codec",
+                                      std::string(compression::to_string(o.codec)),
+                                      "--base-port",
+                                      std::to_string(o.base_port)};
+        if (o.plaintext) args.emplace_back("--plaintext");
+        std::vector<char*> argv;
+        for (auto& a : args)
+            argv.push_back(a.data());
+        argv.push_back(nullptr);
+        pid_t pid = 0;
+        if (posix_spawn(&pid, self, &actions, nullptr, argv.data(), environ) != 0)
+            throw std::runtime_error("cannot start a peer process");
+        posix_spawn_file_actions_destroy(&actions);
+        close(fds[1]);
+        children.push_back(pid);
+        pipes.push_back(fds[0]);
+    }
+
+    std::map<std::size_t, round_summary> rounds;
+    double last_rms = NAN, last_fraction = 0;
+    std::vector<std::string> partial(o.peers);
+    std::size_t open = o.peers;
+    std::size_t printed = 0;
+    std::printf("%5s %7s %10s %10s %10s %14s %9s\n", "round", "groups", "slowest s", "sent MB",
+                "MB/s", "rms from mean", "averaged");
+    std::ostringstream json;
+    json << "{\"peers\":" << o.peers << ",\"group\":" << o.group << ",\"elements\":" << o.elements
+         << ",\"codec\":\"" << compression::to_string(o.codec)
+         << "\",\"encrypted\":" << (o.plaintext ? "false" : "true") << ",\"rounds\":[";
+    while (open > 0) {
+        std::vector<pollfd> polled;
+        for (int fd : pipes)
+            polled.push_back({fd, POLLIN, 0});
+        if (poll(polled.data(), polled.size(), 1000) < 0) break;
+        for (std::size_t i = 0; i < polled.size(); ++i) {
+            if (pipes[i] < 0 || !(polled[i].revents & (POLLIN | POLLHUP))) continue;
+            char buffer[4096];
+            const auto n = read(pipes[i], buffer, sizeof buffer);
+            if (n <= 0) {
+                close(pipes[i]);
+                pipes[i] = -1;
+                --open;
+                continue;
+            }
+            partial[i].append(buffer, static_cast<std::size_t>(n));
+            for (auto nl = partial[i].find('\n'); nl != std::string::npos;
+                 nl = partial[i].find('\n')) {
+                std::istringstream line(partial[i].substr(0, nl));
+                partial[i].erase(0, nl + 1);
+                std::map<std::string, double> fields;
+                std::string key;
+                double value = 0;
+                while (line >> key >> value)
+                    fields[key] = value;
+                auto& r = rounds[static_cast<std::size_t>(fields["round"])];
+                ++r.reports;
+                if (fields.count("error")) {
+                    ++r.failures;
+                } else {
+                    const auto g = static_cast<std::size_t>(fields["group"]);
+                    r.min_group = std::min(r.min_group, g);
+                    r.max_group = std::max(r.max_group, g);
+                    r.slowest = std::max(r.slowest, fields["seconds"]);
+                    r.squares += fields["squares"];
+                    r.fraction += fields["fraction"];
+                    r.sent += static_cast<std::uint64_t>(fields["sent"]);
+                }
+            }
+        }
+        // Print each round once every peer reported it.
+        while (rounds.count(printed + 1) && rounds[printed + 1].reports == o.peers) {
+            const auto& r = rounds[++printed];
+            const std::size_t ok = o.peers - r.failures;
+            const double rms =
+                ok ? std::sqrt(r.squares / static_cast<double>(ok * o.elements)) : NAN;
+            const double mb = static_cast<double>(r.sent) / 1e6;
+            last_rms = rms;
+            last_fraction = ok == o.peers ? r.fraction / static_cast<double>(ok) : 0.0;
+            std::printf("%5zu %3zu-%-3zu %10.2f %10.1f %10.1f %14.3g %8.1f%%%s\n", printed,
+                        ok ? r.min_group : 0, r.max_group, r.slowest, mb, mb / r.slowest, rms,
+                        ok ? 100.0 * r.fraction / static_cast<double>(ok) : 0.0,
+                        r.failures ? "  (some peers failed)" : "");
+            std::fflush(stdout);
+            json << (printed > 1 ? "," : "") << "{\"round\":" << printed
+                 << ",\"slowest_seconds\":" << r.slowest << ",\"bytes_sent\":" << r.sent
+                 << ",\"rms_from_mean\":" << rms << ",\"failures\":" << r.failures << "}";
+        }
+    }
+    int status = 0, failed = 0;
+    for (pid_t pid : children)
+        if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            ++failed;
+    json << "]}";
+    if (!o.json.empty()) std::ofstream(o.json) << json.str() << '\n';
+    const double start_rms = std::sqrt((static_cast<double>(o.peers) * o.peers - 1) / 12.0);
+    std::cout << "rms from the mean before averaging: " << start_rms << "; "
+              << (failed ? std::to_string(failed) + " peer processes failed" : "all peers finished")
+              << "\n";
+    if (o.check && !(printed == o.rounds && last_fraction == 1.0 && last_rms <= 1e-5 * start_rms)) {
+        std::cout << "check failed: the last round did not hold the exact mean everywhere\n";
+        return 1;
+    }
+    return failed ? 1 : 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    try {
+        const auto o = parse(argc, argv);
+        if (o.rank) return run_peer(o);
+        return run_swarm(o, "/proc/self/exe");
+    } catch (const std::invalid_argument& e) {
+        std::cerr << "moshpit_swarm: " << e.what() << '\n' << usage;
+        return 2;
+    } catch (const std::exception& e) {
+        std::cerr << "moshpit_swarm: " << e.what() << '\n';
+        return 1;
+    }
+}

@@ -1,0 +1,277 @@
+// The averager: one call averages a peer's tensors with a Moshpit group (DESIGN §5).
+//
+// A step finds a group through matchmaking under the peer's current group key, splits the
+// vector by the members' announced bandwidths (load balancing), runs the butterfly
+// all-reduce over the tensors and rotates the group bits with the group's id, so that the
+// next step meets different peers. A step can be scheduled ahead: matchmaking then runs
+// while the caller still computes, and the all-reduce starts when the caller triggers it.
+// The averager also serves its state to newcomers and loads state from donors.
+#pragma once
+
+#include "hivemesh/averaging/allreduce.hpp"
+#include "hivemesh/averaging/group_key.hpp"
+#include "hivemesh/averaging/load_balancing.hpp"
+#include "hivemesh/averaging/matchmaking.hpp"
+#include "hivemesh/averaging/state_sharing.hpp"
+#include "hivemesh/tensor/tensor.hpp"
+
+#include <asio/post.hpp>
+#include <asio/use_future.hpp>
+#include <xxhash.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hivemesh::averaging {
+
+struct averager_options {
+    /// Names the run: DHT keys ("<prefix>.0b<bits>", "<prefix>_state_donors") and RPC
+    /// methods ("<prefix>.join", "<prefix>.allreduce", "<prefix>.state").
+    std::string prefix = "hivemesh";
+    member_role role = member_role::node;
+    /// Announced for load balancing (bytes/s or any consistent unit); 0 = unknown. Clients
+    /// always announce 0.
+    double bandwidth = 0;
+    std::size_t target_group_size = 16;
+    std::size_t min_group_size = 2;
+    /// Length of the group key in bits (Moshpit: log2 of the number of groups).
+    std::size_t group_bits = 0;
+    /// The starting key; by default derived from the PeerId, so keys spread uniformly.
+    std::optional<averaging::group_bits> initial_bits;
+    /// How long one step looks for a group.
+    duration matchmaking_time = 15s;
+    /// How long one all-reduce may take.
+    duration averaging_timeout = 60s;
+    allreduce_options allreduce;     ///< method is set from prefix
+    matchmaking_options matchmaking; ///< prefix and group sizes are set from above
+    /// Application bytes handed to every groupmate (e.g. an epoch).
+    byte_buffer metadata;
+};
+
+/// What one step achieved.
+struct step_result {
+    group_id group{};
+    std::size_t group_size = 0;
+    std::size_t index = 0; ///< our position in the group
+    allreduce_result allreduce;
+};
+
+/// A scheduled step: matchmaking runs now, the all-reduce waits for trigger().
+class step_control : public std::enable_shared_from_this<step_control> {
+public:
+    explicit step_control(const asio::any_io_executor& executor)
+        : executor_(executor)
+        , ready_(executor) {}
+
+    /// Lets the all-reduce start, with the local values as they are then. Any thread.
+    void trigger(double weight = 1.0) {
+        asio::post(executor_, [self = shared_from_this(), weight] {
+            if (self->triggered_) return;
+            self->weight_ = weight;
+            self->triggered_ = true;
+            self->ready_.notify();
+        });
+    }
+    bool triggered() const noexcept { return triggered_; }
+    double weight() const noexcept { return weight_; }
+
+private:
+    template <class Transport>
+    friend class averager;
+    asio::any_io_executor executor_;
+    net::detail::wakeup ready_;
+    double weight_ = 1.0;
+    bool triggered_ = false;
+};
+
+/// The schema hash of a list of tensors: their element counts, in order (XXH3-64).
+inline std::uint64_t schema_hash_of(std::span<const tensor::tensor_ref> tensors) {
+    std::vector<std::uint64_t> sizes;
+    for (const auto& t : tensors)
+        sizes.push_back(static_cast<std::uint64_t>(t.size()));
+    return XXH3_64bits(sizes.data(), sizes.size() * sizeof(std::uint64_t));
+}
+
+template <class Transport>
+class averager {
+public:
+    using rpc_type = net::node<Transport>;
+    using dht_type = dht::node<Transport>;
+    using endpoint_type = typename Transport::endpoint_type;
+    using completion_signature = void(std::error_code, step_result);
+
+    /// Averages `tensors` (kept by reference: they must outlive the averager and keep their
+    /// sizes). `announce` is where others dial us (none: client). `compute` runs compression
+    /// and reduction (see allreduce_service). Throws std::invalid_argument for bad options.
+    averager(rpc_type& rpc, dht_type& dht, std::optional<endpoint_type> announce,
+             std::vector<tensor::tensor_ref> tensors, averager_options options = {},
+             std::optional<asio::any_io_executor> compute = std::nullopt)
+        : rpc_(&rpc)
+        , dht_(&dht)
+        , announce_(announce)
+        , tensors_(std::move(tensors))
+        , options_(configured(std::move(options), !announce))
+        , schema_hash_(schema_hash_of(tensors_))
+        , matchmaker_(rpc, dht, announce, options_.matchmaking)
+        , allreduce_(rpc, options_.allreduce, std::move(compute))
+        , bits_(options_.initial_bits ? *options_.initial_bits : bits_from(rpc.id())) {
+        if (bits_.size() != options_.group_bits)
+            throw std::invalid_argument("averager_options::initial_bits: wrong length");
+    }
+
+    const averager_options& options() const noexcept { return options_; }
+    /// The current group bits (rotated after every successful step). Node executor only.
+    const averaging::group_bits& bits() const noexcept { return bits_; }
+    std::uint64_t schema_hash() const noexcept { return schema_hash_; }
+
+    /// A control for async_scheduled_step; trigger it when the local values are ready.
+    std::shared_ptr<step_control> make_control() const {
+        return std::make_shared<step_control>(rpc_->get_executor());
+    }
+
+    /// Matchmaking now; the all-reduce once `control` is triggered. Completion:
+    /// void(std::error_code, step_result). Errors: too_few_peers (no group in
+    /// matchmaking_time), invalid_argument (a step is already running), cancelled (the
+    /// token's cancellation slot, emitted on the node's executor, reaches matchmaking, the
+    /// wait for the trigger or the all-reduce, whichever runs), or a
+    /// failed all-reduce's error; the tensors are then as they were (or partly averaged:
+    /// see step_result::allreduce).
+    template <class Token>
+    auto async_scheduled_step(std::shared_ptr<step_control> control, Token&& token) {
+        return asio::async_initiate<Token, completion_signature>(
+            [this](auto handler, std::shared_ptr<step_control> control) {
+                detail::launch(rpc_->get_executor(), run_step(std::move(control)),
+                               std::move(handler));
+            },
+            token, std::move(control));
+    }
+
+    /// One step with `weight` (e.g. the samples behind the local values). See
+    /// async_scheduled_step.
+    template <class Token>
+    auto async_step(double weight, Token&& token) {
+        auto control = make_control();
+        control->triggered_ = true;
+        control->weight_ = weight;
+        return async_scheduled_step(std::move(control), std::forward<Token>(token));
+    }
+
+    /// Blocking step for training loops; throws std::system_error (wrong_thread on the
+    /// node's io thread, else the step's error).
+    step_result step(double weight = 1.0) {
+        if (dht::detail::running_in_this_thread(rpc_->get_executor()))
+            throw std::system_error(errc::wrong_thread,
+                                    "hivemesh::averaging::averager::step on an io thread");
+        return async_step(weight, asio::use_future).get();
+    }
+
+    /// Serves our state to newcomers, advertised with `priority` (higher is preferred, e.g.
+    /// the epoch). `provider` is called on the node's executor for each download.
+    void serve_state(std::function<state()> provider, double priority) {
+        if (!announce_)
+            throw std::invalid_argument("averager::serve_state: a client serves nothing");
+        server_ = std::make_unique<state_server<Transport>>(
+            *rpc_, *dht_, options_.prefix, *announce_, std::move(provider), priority);
+    }
+    state_server<Transport>* state_server_ptr() noexcept { return server_.get(); }
+
+    /// Downloads state from the best donor, falling back to the next. Completion:
+    /// void(std::error_code, downloaded_state); see async_load_state.
+    template <class Token>
+    auto async_load_state_from_peers(load_options options, Token&& token) {
+        return async_load_state(*rpc_, *dht_, options_.prefix, std::move(options),
+                                std::forward<Token>(token));
+    }
+
+private:
+    static averager_options configured(averager_options o, bool client) {
+        if (client) {
+            o.role = member_role::client;
+            o.bandwidth = 0;
+        }
+        if (o.group_bits > group_bits::max_size)
+            throw std::invalid_argument("averager_options::group_bits: at most 64");
+        o.allreduce.method = o.prefix + ".allreduce";
+        o.matchmaking.prefix = o.prefix;
+        o.matchmaking.min_group_size = o.min_group_size;
+        o.matchmaking.target_group_size = o.target_group_size;
+        return o;
+    }
+
+    /// Starting bits from the PeerId, so keys spread evenly without coordination.
+    averaging::group_bits bits_from(const crypto::peer_id& id) const {
+        const auto& b = id.bytes();
+        std::uint64_t value = 0;
+        std::memcpy(&value, b.data(), sizeof value);
+        const std::size_t n = options_.group_bits;
+        return averaging::group_bits(n == 0 ? 0 : value & averaging::group_bits::mask(n), n);
+    }
+
+    asio::awaitable<std::pair<std::error_code, step_result>>
+    run_step(std::shared_ptr<step_control> control) {
+        using out_type = std::pair<std::error_code, step_result>;
+        if (stepping_) co_return out_type{errc::invalid_argument, {}};
+        stepping_ = true;
+        struct done_guard {
+            bool* flag;
+            ~done_guard() { *flag = false; }
+        } guard{&stepping_};
+
+        match_request request;
+        request.bits = bits_;
+        request.schema_hash = schema_hash_;
+        request.role = options_.role;
+        request.bandwidth = options_.bandwidth;
+        request.metadata = options_.metadata;
+        request.window = options_.matchmaking_time;
+        auto [ec, group] = co_await matchmaker_.async_find_group(
+            std::move(request), asio::experimental::as_tuple(asio::use_awaitable));
+        if (ec) co_return out_type{ec, {}};
+
+        while (!control->triggered_)
+            if (auto cancelled = co_await control->ready_.wait())
+                co_return out_type{errc::cancelled, {}};
+
+        step_result out;
+        out.group = group.id;
+        out.group_size = group.size();
+        for (std::size_t k = 0; k < group.size(); ++k)
+            if (group.members[k].peer.id == rpc_->id()) out.index = k;
+        std::vector<std::optional<double>> bandwidths;
+        for (const auto& m : group.members) {
+            if (m.role == member_role::client)
+                bandwidths.emplace_back(0.0);
+            else if (m.bandwidth > 0)
+                bandwidths.emplace_back(m.bandwidth);
+            else
+                bandwidths.emplace_back(std::nullopt);
+        }
+        const auto spans = load_balance(tensor::total_size(tensors_), bandwidths, ec);
+        if (ec) co_return out_type{ec, std::move(out)};
+        const auto members = group.size();
+        const auto id = group.id;
+        auto [reduce_ec, result] = co_await allreduce_.async_allreduce(
+            std::move(group), out.index, spans, tensors_, control->weight_,
+            options_.averaging_timeout, asio::experimental::as_tuple(asio::use_awaitable));
+        out.allreduce = std::move(result);
+        if (reduce_ec) co_return out_type{reduce_ec, std::move(out)};
+        bits_ = rotate(bits_, id, out.index, members);
+        co_return out_type{std::error_code{}, std::move(out)};
+    }
+
+    rpc_type* rpc_;
+    dht_type* dht_;
+    std::optional<endpoint_type> announce_;
+    std::vector<tensor::tensor_ref> tensors_;
+    averager_options options_;
+    std::uint64_t schema_hash_;
+    matchmaker<Transport> matchmaker_;
+    allreduce_service<Transport> allreduce_;
+    averaging::group_bits bits_;
+    bool stepping_ = false;
+    std::unique_ptr<state_server<Transport>> server_;
+};
+
+} // namespace hivemesh::averaging

@@ -1,0 +1,523 @@
+// Matchmaking: peers that want to average find each other through the DHT and form groups
+// (DESIGN §5).
+//
+// A peer looking for a group declares itself under the DHT key "<prefix>.0b<bits>" (subkey:
+// its PeerId, value: its listen address, expiration: the end of its search window). Peers
+// are ordered by (expiration, PeerId). A peer asks the earliest declared peers before it to
+// lead it, one at a time; a leader accepts later peers (and clients, which never lead) until
+// the group reaches target_group_size, or until its own expiration if it then has at least
+// min_group_size members, and then sends every follower the group: a fresh id and the
+// ordered members (leader first, then followers in the order they joined) with what each
+// told about itself (role, bandwidth, user bytes). Refusals carry a reason (join_status);
+// a peer that follows someone refuses with `not_a_leader` and names its leader. A peer
+// with followers stops asking others. A peer's incoming join requests wait while its own
+// request to another leader is under way, so it never leads and follows at once.
+#pragma once
+
+#include "hivemesh/averaging/group.hpp"
+#include "hivemesh/averaging/group_key.hpp"
+#include "hivemesh/averaging/launch.hpp"
+#include "hivemesh/averaging/matchmaking_wire.hpp"
+#include "hivemesh/core/log.hpp"
+#include "hivemesh/dht/node.hpp"
+#include "hivemesh/net/node.hpp"
+
+#include <asio/async_result.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <sodium.h>
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hivemesh::averaging {
+
+using namespace std::chrono_literals;
+
+struct matchmaking_options {
+    /// DHT key prefix and RPC method prefix: 1..100 of [A-Za-z0-9_.:/-].
+    std::string prefix = "hivemesh";
+    std::size_t target_group_size = 16;
+    std::size_t min_group_size = 2;
+    /// How long a leader may take to answer a join request.
+    duration join_timeout = 5s;
+    /// How long a follower waits for its group past its leader's expiration.
+    duration group_slack = 5s;
+    /// Between DHT reads while looking.
+    duration poll_interval = 1s;
+    matchmaking_limits limits;
+};
+
+/// What one search is for and what this peer tells the others.
+struct match_request {
+    group_bits bits;               ///< the Moshpit group bits of the key to look under
+    std::uint64_t schema_hash = 0; ///< peers with different hashes never group
+    member_role role = member_role::node;
+    double bandwidth = 0;  ///< for load balancing; 0 for a client
+    byte_buffer metadata;  ///< the application's bytes, handed to every member
+    duration window = 15s; ///< look this long; the declaration expires then
+};
+
+template <class Transport>
+class matchmaker {
+public:
+    using rpc_type = net::node<Transport>;
+    using dht_type = dht::node<Transport>;
+    using endpoint_type = typename Transport::endpoint_type;
+    using timer_type = typename Transport::timer_type;
+    using group_type = group_info<endpoint_type>;
+    using completion_signature = void(std::error_code, group_type);
+
+    /// Serves "<prefix>.join" on `rpc`; `announce` is where others dial this peer (none for
+    /// a client, which can only follow). `rpc` and `dht` must outlive the matchmaker.
+    /// Throws std::invalid_argument for a bad prefix or group sizes.
+    matchmaker(rpc_type& rpc, dht_type& dht, std::optional<endpoint_type> announce,
+               matchmaking_options options = {})
+        : state_(std::make_shared<state>(rpc, dht, std::move(announce), std::move(options))) {
+        const auto& o = state_->options;
+        if (o.prefix.empty() || o.prefix.size() > 100)
+            throw std::invalid_argument("matchmaking_options::prefix: 1..100 characters");
+        if (o.min_group_size < 1 || o.target_group_size < o.min_group_size ||
+            o.target_group_size > o.limits.max_group_size)
+            throw std::invalid_argument("matchmaking_options: need 1 <= min <= target <= max");
+        rpc.add_stream_handler(method(o), [weak = std::weak_ptr<state>(state_)](
+                                              const net::call_context& c, net::call_stream& s) {
+            return serve(weak, c, s);
+        });
+    }
+    matchmaker(const matchmaker&) = delete;
+    matchmaker& operator=(const matchmaker&) = delete;
+    ~matchmaker() {
+        auto st = state_;
+        asio::dispatch(st->executor, [st] {
+            if (st->current) st->current->stop(errc::cancelled);
+        });
+    }
+
+    const matchmaking_options& options() const noexcept { return state_->options; }
+
+    /// The DHT key of `bits` for this matchmaker's prefix.
+    std::string key_of(const group_bits& bits) const {
+        return group_key(state_->options.prefix, bits);
+    }
+
+    /// Looks for a group for `request.window`. One search at a time per matchmaker.
+    /// Completion: void(std::error_code, group_type) with this peer among the members.
+    /// Errors: too_few_peers (no group of min_group_size formed in the window),
+    /// invalid_argument (a search is already running, a non-client role without an
+    /// announce endpoint, metadata over the limit), cancelled (the token's cancellation slot
+    /// was emitted on the node's executor).
+    template <class Token>
+    auto async_find_group(match_request request, Token&& token) {
+        return asio::async_initiate<Token, completion_signature>(
+            [st = state_](auto handler, match_request request) {
+                auto a = std::make_shared<attempt>(st, std::move(request));
+                detail::launch(st->executor, look(st, a), std::move(handler),
+                               [weak = std::weak_ptr<attempt>(a)] {
+                                   if (auto alive = weak.lock()) alive->stop(errc::cancelled);
+                               });
+            },
+            token, std::move(request));
+    }
+
+private:
+    struct attempt;
+
+    struct state {
+        state(rpc_type& r, dht_type& d, std::optional<endpoint_type> a, matchmaking_options o)
+            : rpc(&r)
+            , dht(&d)
+            , executor(r.get_executor())
+            , announce(std::move(a))
+            , options(std::move(o)) {}
+        rpc_type* rpc;
+        dht_type* dht;
+        asio::any_io_executor executor;
+        std::optional<endpoint_type> announce;
+        matchmaking_options options;
+        std::shared_ptr<attempt> current;
+        std::uint64_t searches = 0;
+
+        time_point now() const { return net::detail::transport_now<Transport>(executor); }
+        member_wire self(const match_request& r) const {
+            member_wire m{r.role, r.bandwidth, std::nullopt, r.metadata};
+            if (announce && r.role != member_role::client)
+                m.address = Transport::to_address(*announce);
+            return m;
+        }
+    };
+    using state_ptr = std::shared_ptr<state>;
+
+    static std::string method(const matchmaking_options& o) { return o.prefix + ".join"; }
+
+    /// A declared peer that might lead us.
+    struct candidate {
+        time_point expiration{};
+        crypto::peer_id id;
+        net::peer_address address;
+    };
+
+    struct follower {
+        crypto::peer_id id;
+        member_wire member;
+    };
+
+    /// One search.
+    struct attempt {
+        attempt(state_ptr s, match_request r)
+            : st(std::move(s))
+            , request(std::move(r))
+            , key(group_key(st->options.prefix, request.bits))
+            , progress(st->executor)
+            , idle(st->executor) {}
+
+        state_ptr st;
+        match_request request;
+        std::string key;
+        time_point expiration{};
+        bool requesting = false; ///< our own join request is under way
+        std::optional<candidate> leader;
+        std::vector<follower> followers;
+        std::optional<group_message> formed;
+        bool finished = false;
+        std::error_code stopped;
+        net::call_stream* outgoing = nullptr;
+        net::detail::wakeup progress; ///< the search loop: a follower came, or stop
+        std::vector<net::detail::wakeup*> handler_wakeups; ///< join handlers waiting on us
+        timer_type idle;
+
+        bool before(time_point other_expiration, const crypto::peer_id& other) const {
+            return std::pair(expiration, st->rpc->id()) < std::pair(other_expiration, other);
+        }
+        void wake_handlers() {
+            for (auto* w : handler_wakeups)
+                w->notify();
+        }
+        /// Forms the group with the followers we have (leader first).
+        void assemble() {
+            if (formed || finished) return;
+            group_message m;
+            const std::uint64_t n = st->searches;
+            const auto stamp = expiration.time_since_epoch().count();
+            crypto_generichash_state h;
+            crypto_generichash_init(&h, nullptr, 0, m.id.size());
+            const auto& me = st->rpc->id().bytes();
+            crypto_generichash_update(&h, reinterpret_cast<const unsigned char*>(me.data()),
+                                      me.size());
+            crypto_generichash_update(&h, reinterpret_cast<const unsigned char*>(&stamp),
+                                      sizeof stamp);
+            crypto_generichash_update(&h, reinterpret_cast<const unsigned char*>(&n), sizeof n);
+            crypto_generichash_final(&h, reinterpret_cast<unsigned char*>(m.id.data()),
+                                     m.id.size());
+            m.members.emplace_back(st->rpc->id(), st->self(request));
+            for (const auto& f : followers)
+                m.members.emplace_back(f.id, f.member);
+            formed = std::move(m);
+            wake_handlers();
+            progress.notify();
+        }
+        void stop(std::error_code why) {
+            if (finished || stopped) return;
+            stopped = why;
+            if (outgoing) outgoing->cancel(errc::cancelled);
+            idle.cancel();
+            progress.notify();
+            wake_handlers();
+        }
+    };
+
+    // ---- the searching side --------------------------------------------------------------
+
+    static asio::awaitable<std::pair<std::error_code, group_type>>
+    look(state_ptr st, std::shared_ptr<attempt> a) {
+        const auto& r = a->request;
+        const bool client = r.role == member_role::client;
+        if (st->current || (!client && !st->announce) ||
+            r.metadata.size() > st->options.limits.max_metadata || r.window <= duration::zero())
+            co_return std::pair{make_error_code(errc::invalid_argument), group_type{}};
+        st->current = a;
+        ++st->searches;
+        a->expiration = st->now() + r.window;
+        if (!client) co_await declare(st, *a, false);
+
+        std::optional<group_type> found;
+        while (!a->formed && !a->stopped && st->now() < a->expiration) {
+            if (a->followers.empty()) {
+                auto candidates = co_await fetch(st, *a);
+                std::deque<candidate> queue(candidates.begin(), candidates.end());
+                std::set<crypto::peer_id> asked;
+                while (!queue.empty() && a->followers.empty() && !a->stopped && !a->formed &&
+                       st->now() < a->expiration) {
+                    const candidate c = queue.front();
+                    queue.pop_front();
+                    if (!asked.insert(c.id).second) continue;
+                    std::optional<candidate> suggestion;
+                    found = co_await try_join(st, a, c, suggestion);
+                    if (found) break;
+                    if (suggestion) queue.push_front(*suggestion);
+                }
+                if (found) break;
+            }
+            if (a->formed || a->stopped) break;
+            // Wait for followers or the next poll, never past our expiration.
+            const auto left = a->expiration - st->now();
+            if (left <= duration::zero()) break;
+            a->idle.expires_after(std::min(left, st->options.poll_interval));
+            using namespace asio::experimental::awaitable_operators;
+            co_await (a->progress.wait() ||
+                      a->idle.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        }
+
+        std::error_code ec = a->stopped;
+        if (!found && !ec) {
+            if (!a->formed && a->followers.size() + 1 >= st->options.min_group_size && !client &&
+                !a->followers.empty())
+                a->assemble();
+            if (a->formed)
+                found = to_group(st, *a->formed, st->rpc->id(), ec);
+            else
+                ec = errc::too_few_peers;
+        }
+        a->finished = true;
+        a->wake_handlers(); // followers of a group that did not form learn it now
+        if (st->current == a) st->current.reset();
+        if (!client) co_await declare(st, *a, true);
+        if (ec || !found)
+            co_return std::pair{ec ? ec : make_error_code(errc::too_few_peers), group_type{}};
+        co_return std::pair{std::error_code{}, std::move(*found)};
+    }
+
+    /// Stores our declaration, or withdraws it (an empty value, strictly later).
+    static asio::awaitable<void> declare(state_ptr st, attempt& a, bool withdraw) {
+        byte_buffer value;
+        if (!withdraw) {
+            binary_writer w(value);
+            dht::detail::write_address(w, Transport::to_address(*st->announce));
+        }
+        const auto& id = st->rpc->id().bytes();
+        const time_point expiration = withdraw ? a.expiration + duration(1) : a.expiration;
+        auto [ec, outcome] =
+            co_await st->dht->async_store(as_bytes(a.key), byte_view(id), value, expiration,
+                                          asio::experimental::as_tuple(asio::use_awaitable));
+        if (ec) log::debug("matchmaking", "declaration under ", a.key, ": ", ec.message());
+    }
+
+    /// The declared peers that could lead us, earliest first.
+    static asio::awaitable<std::vector<candidate>> fetch(state_ptr st, attempt& a) {
+        dht::get_options options;
+        options.latest = true;
+        auto [ec, entry] = co_await st->dht->async_get(
+            as_bytes(a.key), options, asio::experimental::as_tuple(asio::use_awaitable));
+        std::vector<candidate> out;
+        if (ec) co_return out;
+        const time_point now = st->now();
+        const bool client = a.request.role == member_role::client;
+        for (const auto& [subkey, value] : entry.dictionary) {
+            if (subkey.size() != crypto::peer_id::size || value.value.empty() ||
+                value.expiration <= now)
+                continue;
+            crypto::peer_id::bytes_type bytes{};
+            std::copy(subkey.begin(), subkey.end(), bytes.begin());
+            const crypto::peer_id id(bytes);
+            if (id == st->rpc->id()) continue;
+            if (!client &&
+                !(std::pair(value.expiration, id) < std::pair(a.expiration, st->rpc->id())))
+                continue;
+            binary_reader reader(value.value);
+            auto address = dht::detail::read_address(reader);
+            if (reader.finish() || !Transport::to_endpoint(address)) continue;
+            out.push_back({value.expiration, id, std::move(address)});
+        }
+        std::sort(out.begin(), out.end(), [](const candidate& x, const candidate& y) {
+            return std::pair(x.expiration, x.id) < std::pair(y.expiration, y.id);
+        });
+        co_return out;
+    }
+
+    /// Asks `c` to lead us; on acceptance waits for the group. Sets `suggestion` when `c`
+    /// names its own leader.
+    static asio::awaitable<std::optional<group_type>>
+    try_join(state_ptr st, std::shared_ptr<attempt> a, candidate c,
+             std::optional<candidate>& suggestion) {
+        const auto& o = st->options;
+        const auto endpoint = Transport::to_endpoint(c.address);
+        const typename rpc_type::peer target{c.id, *endpoint};
+        const duration limit =
+            std::max<duration>(c.expiration - st->now(), duration::zero()) + o.group_slack;
+        a->requesting = true;
+        net::call_stream stream;
+        a->outgoing = &stream;
+        std::optional<group_type> out;
+        join_response response;
+        std::error_code ec =
+            co_await st->rpc->open_call(target, method(o), limit + o.join_timeout, stream);
+        if (!ec) {
+            join_request request{a->request.schema_hash, a->key, a->expiration,
+                                 st->self(a->request)};
+            ec = co_await stream.write(encode(request));
+        }
+        byte_buffer message;
+        if (!ec) ec = co_await read_within(st, stream, message, o.join_timeout);
+        if (!ec) ec = decode(message, response);
+        a->requesting = false;
+        a->wake_handlers();
+        if (!ec && response.status == join_status::accepted && !a->stopped) {
+            a->leader = c;
+            a->wake_handlers();                 // waiting joiners now get "not a leader, ask c"
+            ec = co_await stream.read(message); // bounded by the call's limit
+            matchmaking_message type{};
+            if (!ec) ec = peek_type(message, type);
+            if (!ec && type == matchmaking_message::group) {
+                group_message m;
+                ec = decode(message, m, o.limits);
+                if (!ec) {
+                    auto group = to_group(st, m, c.id, ec);
+                    if (!ec) out = std::move(group);
+                }
+            }
+            a->leader.reset();
+        } else if (!ec && response.status == join_status::not_a_leader && response.leader) {
+            const auto& [id, address] = *response.leader;
+            if (Transport::to_endpoint(address) && id != st->rpc->id())
+                suggestion = candidate{c.expiration, id, address};
+        }
+        if (ec && ec != asio::error::eof)
+            log::debug("matchmaking", "joining ", c.id.to_string(), ": ", ec.message());
+        a->outgoing = nullptr;
+        co_return out;
+    }
+
+    /// Reads one message, resetting the stream if none comes within `limit`.
+    static asio::awaitable<std::error_code> read_within(state_ptr st, net::call_stream& stream,
+                                                        byte_buffer& message, duration limit) {
+        using namespace asio::experimental::awaitable_operators;
+        timer_type timer(st->executor);
+        timer.expires_after(limit);
+        auto got = co_await (stream.read(message) ||
+                             timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        if (got.index() == 1) co_return make_error_code(errc::timeout);
+        co_return std::get<0>(got);
+    }
+
+    /// The group as the averaging layer uses it, after checking it: `leader` first, us in
+    /// it once, distinct members, dialable addresses for every member that reduces.
+    static group_type to_group(const state_ptr& st, const group_message& m,
+                               const crypto::peer_id& leader, std::error_code& ec) {
+        group_type g;
+        g.id = m.id;
+        std::set<crypto::peer_id> seen;
+        bool me = false;
+        ec = {};
+        if (m.members.empty() || m.members.front().first != leader) ec = errc::protocol_violation;
+        for (const auto& [id, w] : m.members) {
+            if (ec) break;
+            if (!seen.insert(id).second) ec = errc::protocol_violation;
+            me = me || id == st->rpc->id();
+            group_member<endpoint_type> member;
+            member.peer.id = id;
+            member.role = w.role;
+            member.bandwidth = w.bandwidth;
+            member.metadata = w.metadata;
+            if (w.address) {
+                if (auto e = Transport::to_endpoint(*w.address))
+                    member.peer.endpoint = *e;
+                else
+                    ec = errc::protocol_violation;
+            } else if (w.role != member_role::client) {
+                ec = errc::protocol_violation;
+            }
+            g.members.push_back(std::move(member));
+        }
+        if (!ec && !me) ec = errc::protocol_violation;
+        if (ec) return {};
+        return g;
+    }
+
+    // ---- the leading side ----------------------------------------------------------------
+
+    static asio::awaitable<std::error_code> respond(net::call_stream& stream, join_status status,
+                                                    std::optional<candidate> leader = {}) {
+        join_response response;
+        response.status = status;
+        if (leader) response.leader.emplace(leader->id, leader->address);
+        co_return co_await stream.write(encode(response));
+    }
+
+    /// A join request from `context.remote`.
+    static asio::awaitable<std::error_code>
+    serve(std::weak_ptr<state> weak, const net::call_context& context, net::call_stream& stream) {
+        byte_buffer message;
+        if (auto ec = co_await stream.read(message)) co_return ec;
+        auto st = weak.lock();
+        if (!st) co_return make_error_code(errc::refused);
+        join_request request;
+        const auto bad = decode(message, request, st->options.limits);
+        const bool client_request = request.member.role == member_role::client;
+        if (bad || client_request != !request.member.address.has_value() ||
+            (request.member.address && !Transport::to_endpoint(*request.member.address)))
+            co_return co_await respond(stream, join_status::bad_request);
+        auto a = st->current;
+        if (!a || a->finished || a->stopped)
+            co_return co_await respond(stream, join_status::not_looking);
+        if (request.schema_hash != a->request.schema_hash)
+            co_return co_await respond(stream, join_status::bad_schema_hash);
+        if (request.group_key != a->key)
+            co_return co_await respond(stream, join_status::bad_group_key);
+        if (request.expiration <= st->now())
+            co_return co_await respond(stream, join_status::not_declared);
+
+        // Wait while our own request to a leader is under way.
+        net::detail::wakeup changed(st->executor);
+        a->handler_wakeups.push_back(&changed);
+        struct unlist {
+            attempt* a;
+            net::detail::wakeup* w;
+            ~unlist() { std::erase(a->handler_wakeups, w); }
+        } guard{a.get(), &changed};
+        {
+            timer_type limit(st->executor);
+            limit.expires_after(st->options.join_timeout);
+            while (a->requesting && !a->finished && !a->stopped) {
+                using namespace asio::experimental::awaitable_operators;
+                auto woke =
+                    co_await (changed.wait() ||
+                              limit.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+                if (woke.index() == 1) break;
+            }
+        }
+        if (a->finished || a->stopped || a->formed || a->requesting)
+            co_return co_await respond(stream, a->requesting ? join_status::not_a_leader
+                                                             : join_status::not_looking);
+        if (a->leader) co_return co_await respond(stream, join_status::not_a_leader, a->leader);
+        if (a->request.role == member_role::client ||
+            (request.member.role != member_role::client &&
+             !a->before(request.expiration, context.remote)))
+            co_return co_await respond(stream, join_status::not_a_leader);
+        for (const auto& f : a->followers)
+            if (f.id == context.remote)
+                co_return co_await respond(stream, join_status::duplicate_peer);
+        if (a->followers.size() + 1 >= st->options.target_group_size)
+            co_return co_await respond(stream, join_status::group_full);
+
+        a->followers.push_back({context.remote, request.member});
+        if (a->followers.size() + 1 == st->options.target_group_size) a->assemble();
+        a->progress.notify();
+        if (auto ec = co_await respond(stream, join_status::accepted)) {
+            co_return ec;
+        }
+        while (!a->formed && !a->finished && !a->stopped)
+            co_await changed.wait();
+        if (a->formed) co_return co_await stream.write(encode(*a->formed));
+        co_return co_await stream.write(encode_disband());
+    }
+
+    state_ptr state_;
+};
+
+} // namespace hivemesh::averaging

@@ -1,0 +1,561 @@
+// The butterfly all-reduce on both transports: exact weighted means for every mix of
+// roles, the traffic formula, compression, malformed messages, and the fault semantics
+// (a peer that fails or is slow before, while sending or while reducing, or cancels).
+#include "net/test_support.hpp"
+#include "net/worlds.hpp"
+
+#include <hivemesh/averaging/allreduce.hpp>
+#include <hivemesh/core/random.hpp>
+#include <hivemesh/tensor/raw.hpp>
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/thread_pool.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace hivemesh::test {
+namespace {
+
+using averaging::allreduce_result;
+using averaging::member_role;
+
+/// A group of peers on one world, each with an RPC node and an all-reduce service.
+template <class World>
+struct allreduce_group {
+    using transport_type = typename World::transport_type;
+    using rpc_type = net::node<transport_type>;
+    using service_type = averaging::allreduce_service<transport_type>;
+    using endpoint_type = typename transport_type::endpoint_type;
+
+    struct peer {
+        transport_type* transport = nullptr;
+        std::unique_ptr<rpc_type> rpc;
+        std::unique_ptr<service_type> service;
+        member_role role = member_role::node;
+        std::vector<float> initial;
+        std::vector<float> values;
+        double weight = 1;
+        std::optional<std::pair<std::error_code, allreduce_result>> outcome;
+        time_point finished_at{};
+        bool started = false;
+    };
+
+    World world;
+    std::deque<peer> peers;
+    averaging::group_info<endpoint_type> group;
+    std::vector<std::size_t> spans;
+    time_point started_at{};
+
+    /// Peers with these roles, `size` random values each in [1, 2), weights in [1, 5).
+    allreduce_group(const std::vector<member_role>& roles, std::size_t size,
+                    averaging::allreduce_options options = small_parts(), std::uint64_t seed = 1,
+                    std::optional<asio::any_io_executor> compute = std::nullopt) {
+        random_generator rng(seed);
+        for (std::size_t i = 0; i < 32; ++i)
+            group.id[i] = static_cast<std::byte>(rng() & 0xFF);
+        net::node_options rpc_options;
+        rpc_options.security.plaintext = false;
+        for (std::size_t i = 0; i < roles.size(); ++i) {
+            auto& p = peers.emplace_back();
+            p.transport = &world.add_host();
+            p.rpc = std::make_unique<rpc_type>(
+                *p.transport, identity_of(static_cast<std::uint8_t>(i + 1)), rpc_options);
+            endpoint_type endpoint{};
+            if (roles[i] != member_role::client) endpoint = world.listen(*p.rpc, *p.transport);
+            p.service = std::make_unique<service_type>(*p.rpc, options, compute);
+            p.role = roles[i];
+            if (roles[i] != member_role::aux) {
+                p.initial.resize(size);
+                for (auto& v : p.initial)
+                    v = 1.0f + static_cast<float>(rng.uniform_real());
+                p.weight = 1.0 + 4.0 * rng.uniform_real();
+            }
+            p.values = p.initial;
+            group.members.push_back({{p.rpc->id(), endpoint}, roles[i], 0, {}});
+        }
+        spans = equal_spans(roles, size);
+    }
+
+    static averaging::allreduce_options small_parts() {
+        averaging::allreduce_options o;
+        o.part_size_bytes = 1000; // 250 floats: several parts per span
+        o.sender_timeout = 2s;
+        o.reducer_timeout = 4s;
+        return o;
+    }
+
+    /// V split as evenly as possible over the members that reduce (all but clients).
+    static std::vector<std::size_t> equal_spans(const std::vector<member_role>& roles,
+                                                std::size_t size) {
+        std::size_t reducers = 0;
+        for (auto r : roles)
+            reducers += r != member_role::client ? 1 : 0;
+        std::vector<std::size_t> out(roles.size(), 0);
+        std::size_t given = 0, seen = 0;
+        for (std::size_t k = 0; k < roles.size(); ++k) {
+            if (roles[k] == member_role::client) continue;
+            ++seen;
+            out[k] = size * seen / reducers - given;
+            given += out[k];
+        }
+        return out;
+    }
+
+    time_point now() const {
+        const auto& t = *peers.front().transport;
+        if constexpr (requires { t.clock(); })
+            return t.clock().now();
+        else
+            return typename transport_type::clock_type().now();
+    }
+
+    /// Starts peer i's round; `slot` optionally cancels it.
+    void start(std::size_t i, duration timeout, asio::cancellation_slot slot = {}) {
+        auto& p = peers[i];
+        p.started = true;
+        p.service->async_allreduce(
+            group, i, spans, std::span<float>(p.values), p.weight, timeout,
+            asio::bind_cancellation_slot(slot, [this, &p](std::error_code ec, allreduce_result r) {
+                p.outcome.emplace(ec, std::move(r));
+                p.finished_at = now();
+            }));
+    }
+
+    /// Starts every peer not in `skip` and runs until all of them finished.
+    void run(duration timeout, const std::vector<std::size_t>& skip = {}) {
+        started_at = now();
+        for (std::size_t i = 0; i < peers.size(); ++i)
+            if (std::find(skip.begin(), skip.end(), i) == skip.end()) start(i, timeout);
+        wait();
+    }
+
+    void wait() {
+        REQUIRE(world.run_until(
+            [&] {
+                for (auto& p : peers)
+                    if (p.started && !p.outcome) return false;
+                return true;
+            },
+            3600s));
+    }
+
+    /// The weighted mean of element e over the members `who`, from their initial values.
+    double mean_of(std::size_t e, const std::vector<bool>& who) const {
+        double sum = 0, weights = 0;
+        for (std::size_t j = 0; j < who.size(); ++j)
+            if (who[j]) {
+                sum += peers[j].weight * static_cast<double>(peers[j].initial[e]);
+                weights += peers[j].weight;
+            }
+        return sum / weights;
+    }
+
+    /// Every element of peer i is the mean its part names, or its own initial value.
+    void check_consistent(std::size_t i, double tolerance = 1e-6) const {
+        const auto& p = peers[i];
+        REQUIRE(p.outcome);
+        const auto& result = p.outcome->second;
+        std::size_t covered = 0;
+        for (const auto& part : result.parts) {
+            REQUIRE(part.begin == covered);
+            covered += part.size;
+            for (std::size_t e = part.begin; e < part.begin + part.size; ++e) {
+                if (!part.averaged()) {
+                    REQUIRE(p.values[e] == p.initial[e]);
+                    continue;
+                }
+                const double want = mean_of(e, part.contributors);
+                INFO("peer " << i << " element " << e);
+                REQUIRE(std::abs(p.values[e] - want) <= tolerance * std::abs(want));
+            }
+        }
+        REQUIRE(covered == p.values.size());
+    }
+};
+
+std::vector<bool> all_but(std::size_t n, std::vector<std::size_t> excluded) {
+    std::vector<bool> out(n, true);
+    for (auto e : excluded)
+        out[e] = false;
+    return out;
+}
+
+} // namespace
+
+TEMPLATE_TEST_CASE("allreduce: 4 peers, every mix of 0-2 clients and 0-2 aux, give the exact "
+                   "weighted mean of the non-aux peers",
+                   "[allreduce]", sim_world, tcp_world) {
+    for (int clients = 0; clients <= 2; ++clients)
+        for (int aux = 0; aux <= 2; ++aux) {
+            std::vector<member_role> roles(4, member_role::node);
+            for (int i = 0; i < clients; ++i)
+                roles[static_cast<std::size_t>(i)] = member_role::client;
+            for (int i = 0; i < aux; ++i)
+                roles[static_cast<std::size_t>(3 - i)] = member_role::aux;
+            INFO(clients << " clients, " << aux << " aux");
+            allreduce_group<TestType> g(roles, 3001);
+            g.run(60s);
+            std::vector<bool> non_aux(4);
+            for (std::size_t i = 0; i < 4; ++i)
+                non_aux[i] = roles[i] != member_role::aux;
+            for (std::size_t i = 0; i < 4; ++i) {
+                auto& [ec, result] = *g.peers[i].outcome;
+                REQUIRE_FALSE(ec);
+                CHECK(result.participants == non_aux);
+                CHECK(result.fraction_averaged() == 1.0);
+                for (const auto& part : result.parts)
+                    REQUIRE(part.contributors == non_aux);
+                if (roles[i] == member_role::aux) {
+                    CHECK(result.elements_total == g.spans[i]);
+                    continue;
+                }
+                CHECK(result.elements_total == 3001);
+                g.check_consistent(i);
+            }
+        }
+}
+
+TEMPLATE_TEST_CASE("allreduce: traffic at equal shares is 2(N-1)/N of the vector each way",
+                   "[allreduce]", sim_world, tcp_world) {
+    const std::size_t n = 4, size = 4000;
+    allreduce_group<TestType> g(std::vector<member_role>(n, member_role::node), size);
+    g.run(60s);
+    for (std::size_t i = 0; i < n; ++i) {
+        const auto& result = g.peers[i].outcome->second;
+        REQUIRE_FALSE(g.peers[i].outcome->first);
+        CHECK(result.values_sent == 2 * (n - 1) * size / n);
+        CHECK(result.values_received == 2 * (n - 1) * size / n);
+        // Uncompressed parts: 4 bytes a value plus a fixed header per message.
+        CHECK(result.bytes_sent > 4 * result.values_sent);
+        CHECK(result.bytes_sent < 4 * result.values_sent + 64 * 100);
+        g.check_consistent(i);
+    }
+}
+
+TEST_CASE("allreduce on TCP with a compute thread pool: exact, and nothing on the io thread "
+          "breaks",
+          "[allreduce]") {
+    asio::thread_pool compute(2); // outlives the group: strands on it are in its services
+    for (const auto codec : {compression::kind::none, compression::kind::float16}) {
+        auto options = allreduce_group<tcp_world>::small_parts();
+        options.codec = codec;
+        allreduce_group<tcp_world> g(
+            {member_role::node, member_role::client, member_role::node, member_role::aux}, 5003,
+            options, 9, compute.get_executor());
+        g.run(60s);
+        for (std::size_t i = 0; i < 4; ++i) {
+            REQUIRE_FALSE(g.peers[i].outcome->first);
+            CHECK(g.peers[i].outcome->second.fraction_averaged() == 1.0);
+            if (i != 3) g.check_consistent(i, codec == compression::kind::none ? 1e-6 : 2e-3);
+        }
+    }
+}
+
+TEST_CASE("allreduce: blockwise_8bit parts give every peer the same values, close to the mean",
+          "[allreduce]") {
+    auto options = allreduce_group<sim_world>::small_parts();
+    options.codec = compression::kind::blockwise_8bit;
+    options.part_size_bytes = 16384;
+    allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 20000, options);
+    g.run(60s);
+    const auto everyone = all_but(4, {});
+    for (std::size_t i = 0; i < 4; ++i) {
+        const auto& result = g.peers[i].outcome->second;
+        REQUIRE(result.fraction_averaged() == 1.0);
+        CHECK(g.peers[i].values == g.peers[0].values); // bit-identical everywhere
+        CHECK(result.bytes_sent * 3 < 4 * result.values_sent);
+        for (std::size_t e = 0; e < 20000; ++e) {
+            // Two quantisations (sender, reducer), each within 0.00703125 of the absmax (< 2.2).
+            REQUIRE(std::abs(g.peers[i].values[e] - g.mean_of(e, everyone)) <= 2 * 0.0071 * 2.2);
+        }
+    }
+}
+
+TEST_CASE("allreduce: invalid arguments are refused with invalid_argument", "[allreduce]") {
+    allreduce_group<sim_world> g(std::vector<member_role>(3, member_role::node), 300);
+    auto expect_refused = [&](auto&& mutate) {
+        auto group = g.group;
+        auto spans = g.spans;
+        std::size_t me = 0;
+        double weight = 1;
+        std::vector<float> values = g.peers[0].initial;
+        mutate(group, spans, me, weight, values);
+        std::optional<std::error_code> got;
+        g.peers[0].service->async_allreduce(
+            group, me, spans, std::span<float>(values), weight, 10s,
+            [&](std::error_code ec, allreduce_result) { got = ec; });
+        REQUIRE(g.world.run_until([&] { return got.has_value(); }, 60s));
+        CHECK(*got == errc::invalid_argument);
+    };
+    using G = decltype(g.group);
+    using S = std::vector<std::size_t>;
+    using V = std::vector<float>;
+    expect_refused([](G&, S& s, std::size_t&, double&, V&) { s[0] += 1; });    // sum != V
+    expect_refused([](G&, S& s, std::size_t&, double&, V&) { s.pop_back(); }); // count
+    expect_refused([](G&, S&, std::size_t& me, double&, V&) { me = 1; });      // not us
+    expect_refused([](G&, S&, std::size_t& me, double&, V&) { me = 7; });      // out of range
+    expect_refused([](G&, S&, std::size_t&, double& w, V&) { w = 0; });
+    expect_refused([](G&, S&, std::size_t&, double& w, V&) { w = std::nan(""); });
+    expect_refused([](G&, S&, std::size_t&, double&, V& v) { v[5] = INFINITY; });
+    expect_refused([](G& group, S&, std::size_t&, double&, V&) {
+        group.members[2].peer.id = group.members[1].peer.id; // duplicate member
+    });
+    expect_refused([](G& group, S&, std::size_t&, double&, V&) {
+        group.members[1].role = member_role::client; // a client with a span
+    });
+}
+
+TEST_CASE("allreduce: a member of another group, a stranger and malformed parts are refused",
+          "[allreduce]") {
+    auto options = allreduce_group<sim_world>::small_parts();
+    options.sender_timeout = 60s; // member 0 connects late, by hand
+    options.reducer_timeout = 120s;
+    allreduce_group<sim_world> g(std::vector<member_role>(2, member_role::node), 1000, options);
+    auto& server = g.peers[1];
+    g.start(1, 100s);
+    g.world.settle();
+
+    auto call = [&](std::size_t from, std::vector<byte_buffer> messages) {
+        net::call_stream stream;
+        std::optional<std::error_code> status;
+        asio::co_spawn(
+            g.world.io,
+            [&]() -> asio::awaitable<void> {
+                if (auto ec = co_await g.peers[from].rpc->open_call(
+                        g.group.members[1].peer, "hivemesh.allreduce", 20s, stream)) {
+                    status = ec;
+                    co_return;
+                }
+                for (auto& m : messages)
+                    co_await stream.write(std::move(m));
+                co_await stream.close_write();
+                byte_buffer reply;
+                while (true) {
+                    const auto ec = co_await stream.read(reply);
+                    if (!ec) continue;
+                    status = ec == asio::error::eof ? std::error_code{} : ec;
+                    break;
+                }
+            },
+            asio::detached);
+        REQUIRE(g.world.run_until([&] { return status.has_value(); }, 60s));
+        return *status;
+    };
+    averaging::begin_message begin;
+    begin.group = g.group.id;
+    begin.group_size = 2;
+    begin.sender = 0;
+    begin.reducer = 1;
+    begin.weight = 1;
+    begin.span_begin = g.spans[0];
+    begin.span_size = g.spans[1];
+    begin.part_elements = 250;
+
+    auto wrong_group = begin;
+    wrong_group.group[0] ^= std::byte{1};
+    CHECK(call(0, {encode(wrong_group)}) == errc::unknown_group);
+    auto wrong_span = begin;
+    wrong_span.span_size += 1;
+    CHECK(call(0, {encode(wrong_span)}) == errc::protocol_violation);
+    CHECK(call(0, {bytes_of({1, 1, 2})}) == errc::protocol_violation);
+
+    // A non-member claiming to be member 0: its key proves otherwise.
+    auto& stranger = g.peers.emplace_back();
+    stranger.transport = &g.world.add_host();
+    stranger.rpc =
+        std::make_unique<net::node<net::sim::transport>>(*stranger.transport, identity_of(99));
+    CHECK(call(2, {encode(begin)}) == errc::refused);
+
+    // Member 0 sends a part whose payload is garbage: dropped as a sender.
+    byte_buffer bad_part;
+    averaging::encode_part_head(bad_part, 0);
+    bad_part.push_back(std::byte{7});
+    CHECK(call(0, {encode(begin), bad_part}) == errc::protocol_violation);
+    g.wait();
+    // The reducer went on without member 0: its own span stayed its own values.
+    const auto& result = server.outcome->second;
+    CHECK_FALSE(server.outcome->first);
+    CHECK(result.participants == std::vector<bool>{false, true});
+}
+
+namespace {
+
+enum class fault { fail_before, fail_sending, slow_sending, fail_reducing, slow_reducing, cancel };
+
+const char* name(fault f) {
+    switch (f) {
+    case fault::fail_before:
+        return "fail before";
+    case fault::fail_sending:
+        return "fail while sending";
+    case fault::slow_sending:
+        return "slow sending";
+    case fault::fail_reducing:
+        return "fail while reducing";
+    case fault::slow_reducing:
+        return "slow reducing";
+    case fault::cancel:
+        return "cancel";
+    }
+    return "?";
+}
+
+} // namespace
+
+TEST_CASE("allreduce faults (5 peers, one a client): healthy peers finish by their deadline "
+          "and every element ends averaged or local, as the result says",
+          "[allreduce][faults]") {
+    const std::vector<member_role> roles{member_role::node, member_role::node, member_role::node,
+                                         member_role::node, member_role::client};
+    const duration timeout = 30s;
+    for (const auto f : {fault::fail_before, fault::fail_sending, fault::slow_sending,
+                         fault::fail_reducing, fault::slow_reducing, fault::cancel}) {
+        const bool reducing_fault = f == fault::fail_reducing || f == fault::slow_reducing;
+        for (const std::size_t victim : {std::size_t{1}, std::size_t{4}}) {
+            if (reducing_fault && victim == 4) continue; // a client reduces nothing
+            INFO(name(f) << ", victim " << victim);
+            allreduce_group<sim_world> g(roles, 5000);
+            auto& v = g.peers[victim];
+            auto crash = [&g, &v] { g.world.network.crash(v.transport->node()); };
+            asio::cancellation_signal cancel;
+            averaging::allreduce_hooks hooks;
+            bool crashed = false;
+            switch (f) {
+            case fault::fail_before:
+                crash();
+                crashed = true;
+                break;
+            case fault::fail_sending:
+                hooks.before_send = [&](std::size_t, std::size_t part) {
+                    if (part == 2 && !crashed) {
+                        crashed = true;
+                        crash();
+                    }
+                    return duration::zero();
+                };
+                break;
+            case fault::slow_sending:
+                hooks.before_send = [](std::size_t, std::size_t part) {
+                    return part >= 2 ? duration(5s) : duration::zero();
+                };
+                break;
+            case fault::fail_reducing:
+                hooks.before_reduce = [&](std::size_t part) {
+                    if (part == 2 && !crashed) {
+                        crashed = true;
+                        crash();
+                    }
+                    return duration::zero();
+                };
+                break;
+            case fault::slow_reducing:
+                hooks.before_reduce = [](std::size_t part) {
+                    return part >= 1 ? duration(6s) : duration::zero();
+                };
+                break;
+            case fault::cancel:
+                hooks.before_send = [&](std::size_t, std::size_t part) {
+                    if (part == 2) cancel.emit(asio::cancellation_type::terminal);
+                    return duration::zero();
+                };
+                break;
+            }
+            v.service->set_hooks(hooks);
+            g.started_at = g.now();
+            for (std::size_t i = 0; i < g.peers.size(); ++i) {
+                if (i == victim && f == fault::fail_before) continue;
+                g.start(i, timeout, i == victim ? cancel.slot() : asio::cancellation_slot{});
+            }
+            g.wait();
+
+            for (std::size_t i = 0; i < g.peers.size(); ++i) {
+                if (i == victim && crashed) continue;
+                INFO("peer " << i);
+                const auto& [ec, result] = *g.peers[i].outcome;
+                CHECK(g.peers[i].finished_at - g.started_at <= timeout);
+                // Nobody waits longer than the reducer timeout plus a little here.
+                if (i != victim) CHECK(g.peers[i].finished_at - g.started_at <= 5s);
+                if (i == victim && f == fault::cancel)
+                    CHECK(ec == errc::cancelled);
+                else
+                    CHECK_FALSE(ec);
+                g.check_consistent(i);
+                if (i != victim) CHECK(result.fraction_averaged() > 0.5);
+            }
+            // Spans of 1250 elements, parts of 250: part q of a span is (begin % 1250) / 250.
+            const auto part_index = [](const averaging::part_outcome& part) {
+                return (part.begin % 1250) / 250;
+            };
+            if (f == fault::slow_sending) {
+                // Parts 0 and 1 came in time and include the victim; later ones do not.
+                for (std::size_t i = 0; i < g.peers.size(); ++i) {
+                    if (i == victim) continue;
+                    for (const auto& part : g.peers[i].outcome->second.parts) {
+                        REQUIRE(part.averaged());
+                        if (part.reducer == victim) continue; // it reduced its own span fully
+                        CHECK(part.contributors[victim] == (part_index(part) < 2));
+                    }
+                }
+            }
+            if (f == fault::slow_reducing) {
+                // Part 0 of the victim's span came back in time, parts 1-4 stayed local.
+                for (std::size_t i = 0; i < g.peers.size(); ++i) {
+                    if (i == victim) continue;
+                    CHECK(g.peers[i].outcome->second.fraction_averaged() == 0.8);
+                    for (const auto& part : g.peers[i].outcome->second.parts)
+                        CHECK(part.averaged() == (part.reducer != victim || part_index(part) == 0));
+                }
+                // The victim itself averaged its whole span, slowly, within its deadline.
+                CHECK(g.peers[victim].outcome->second.fraction_averaged() == 1.0);
+            }
+            if (f == fault::fail_before) {
+                // Exactly: the victim's span (if it had one) stayed local, the rest is the
+                // mean of everyone else.
+                for (std::size_t i = 0; i < g.peers.size(); ++i) {
+                    if (i == victim) continue;
+                    const auto& result = g.peers[i].outcome->second;
+                    CHECK(result.participants == all_but(5, {victim}));
+                    const double expected = victim == 4 ? 1.0 : 0.75;
+                    CHECK(result.fraction_averaged() == expected);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("allreduce over a list of tensors writes the averages back into each tensor",
+          "[allreduce]") {
+    allreduce_group<sim_world> g(std::vector<member_role>(3, member_role::node), 1000);
+    std::deque<std::vector<float>> a, b;
+    std::size_t pending = 3;
+    for (std::size_t i = 0; i < 3; ++i) {
+        auto& p = g.peers[i];
+        a.emplace_back(p.initial.begin(), p.initial.begin() + 400);
+        b.emplace_back(p.initial.begin() + 400, p.initial.end());
+        std::vector<tensor::tensor_ref> refs;
+        refs.emplace_back(a.back());
+        refs.emplace_back(b.back());
+        p.service->async_allreduce(g.group, i, g.spans, refs, p.weight, 30s,
+                                   [&pending](std::error_code ec, allreduce_result r) {
+                                       CHECK_FALSE(ec);
+                                       CHECK(r.fraction_averaged() == 1.0);
+                                       --pending;
+                                   });
+    }
+    REQUIRE(g.world.run_until([&] { return pending == 0; }, 600s));
+    const auto everyone = all_but(3, {});
+    for (std::size_t i = 0; i < 3; ++i)
+        for (std::size_t e = 0; e < 1000; ++e) {
+            const float got = e < 400 ? a[i][e] : b[i][e - 400];
+            REQUIRE(std::abs(got - g.mean_of(e, everyone)) <= 1e-6 * g.mean_of(e, everyone));
+        }
+}
+
+} // namespace hivemesh::test

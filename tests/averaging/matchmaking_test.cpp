@@ -1,0 +1,277 @@
+// Matchmaking over a simulated DHT swarm: groups form, are consistent, respect the sizes,
+// never mix schemas, take clients, survive a leader that crashes; wire format oracles.
+#include "dht/swarm.hpp"
+
+#include <hivemesh/averaging/matchmaking.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <vector>
+
+namespace hivemesh::test {
+namespace {
+
+using averaging::group_bits;
+using averaging::member_role;
+using world_type = sim_world;
+using matchmaker_type = averaging::matchmaker<net::sim::transport>;
+using group_type = matchmaker_type::group_type;
+
+struct matchmaking_swarm {
+    swarm<world_type> dht;
+    std::vector<std::unique_ptr<matchmaker_type>> makers;
+    std::vector<std::optional<std::pair<std::error_code, group_type>>> outcomes;
+
+    matchmaking_swarm(std::size_t peers, averaging::matchmaking_options options,
+                      std::size_t clients = 0) {
+        for (std::size_t i = 0; i < peers + clients; ++i) {
+            auto& m = dht.add(1000 + i, i >= peers);
+            std::optional<net::sim::endpoint> announce;
+            if (i < peers) announce = m.endpoint;
+            makers.push_back(std::make_unique<matchmaker_type>(*m.rpc, *m.dht, announce, options));
+        }
+        dht.bootstrap(1);
+        outcomes.resize(peers + clients);
+    }
+
+    void start(std::size_t i, averaging::match_request request) {
+        makers[i]->async_find_group(
+            std::move(request), [this, i](std::error_code ec, group_type g) {
+                if (!outcomes[i]) outcomes[i].emplace(ec, std::move(g)); // a crashed peer's is set
+            });
+    }
+
+    void wait() {
+        REQUIRE(dht.world.run_until(
+            [&] {
+                for (auto& o : outcomes)
+                    if (!o) return false;
+                return true;
+            },
+            3600s));
+    }
+
+    /// Every member of every formed group holds the same group; returns the groups by id.
+    std::map<averaging::group_id, group_type> check_consistent() const {
+        std::map<averaging::group_id, group_type> groups;
+        for (std::size_t i = 0; i < outcomes.size(); ++i) {
+            const auto& [ec, g] = *outcomes[i];
+            if (ec) continue;
+            const auto me = dht.members[i].rpc->id();
+            REQUIRE(std::count_if(g.members.begin(), g.members.end(),
+                                  [&](const auto& m) { return m.peer.id == me; }) == 1);
+            auto [it, fresh] = groups.try_emplace(g.id, g);
+            if (fresh) continue;
+            REQUIRE(it->second.members.size() == g.members.size());
+            for (std::size_t k = 0; k < g.members.size(); ++k) {
+                CHECK(it->second.members[k].peer.id == g.members[k].peer.id);
+                CHECK(it->second.members[k].role == g.members[k].role);
+                CHECK(it->second.members[k].metadata == g.members[k].metadata);
+            }
+        }
+        // Each group was reported by every one of its members.
+        for (const auto& [id, g] : groups)
+            for (const auto& member : g.members) {
+                bool reported = false;
+                for (std::size_t i = 0; i < outcomes.size(); ++i)
+                    if (dht.members[i].rpc->id() == member.peer.id)
+                        reported = !outcomes[i]->first && outcomes[i]->second.id == id;
+                CHECK(reported);
+            }
+        return groups;
+    }
+};
+
+averaging::matchmaking_options options_of(std::size_t min, std::size_t target) {
+    averaging::matchmaking_options o;
+    o.prefix = "test";
+    o.min_group_size = min;
+    o.target_group_size = target;
+    return o;
+}
+
+averaging::match_request request_of(std::size_t i, std::uint64_t schema = 7) {
+    averaging::match_request r;
+    r.bits = group_bits(0, 2);
+    r.schema_hash = schema;
+    r.bandwidth = 1.0 + static_cast<double>(i);
+    r.metadata = bytes_of(std::string("peer ") + std::to_string(i));
+    r.window = 6s;
+    return r;
+}
+
+} // namespace
+
+TEST_CASE("matchmaking: 16 peers under one key form 4 full groups of 4", "[matchmaking]") {
+    matchmaking_swarm s(16, options_of(2, 4));
+    for (std::size_t i = 0; i < 16; ++i)
+        s.start(i, request_of(i));
+    s.wait();
+    for (auto& o : s.outcomes)
+        REQUIRE_FALSE(o->first);
+    const auto groups = s.check_consistent();
+    CHECK(groups.size() == 4);
+    for (const auto& [id, g] : groups) {
+        CHECK(g.members.size() == 4);
+        for (const auto& m : g.members) { // what each member told about itself arrived
+            const auto i = static_cast<std::size_t>(m.bandwidth - 1.0);
+            CHECK(m.metadata == bytes_of(std::string("peer ") + std::to_string(i)));
+            CHECK(m.peer.id == s.dht.members[i].rpc->id());
+            CHECK(m.peer.endpoint == s.dht.members[i].endpoint);
+        }
+    }
+}
+
+TEST_CASE("matchmaking: a partial group forms at the leader's expiration when it has the "
+          "minimum, and too few peers is an error",
+          "[matchmaking]") {
+    SECTION("3 peers, target 8, min 3: one group of 3") {
+        matchmaking_swarm s(3, options_of(3, 8));
+        for (std::size_t i = 0; i < 3; ++i)
+            s.start(i, request_of(i));
+        s.wait();
+        for (auto& o : s.outcomes)
+            REQUIRE_FALSE(o->first);
+        const auto groups = s.check_consistent();
+        REQUIRE(groups.size() == 1);
+        CHECK(groups.begin()->second.members.size() == 3);
+    }
+    SECTION("2 peers, min 3: too_few_peers for both, after their window") {
+        matchmaking_swarm s(2, options_of(3, 8));
+        const auto start = s.dht.now();
+        for (std::size_t i = 0; i < 2; ++i)
+            s.start(i, request_of(i));
+        s.wait();
+        for (auto& o : s.outcomes)
+            CHECK(o->first == errc::too_few_peers);
+        CHECK(s.dht.now() - start >= 6s);
+    }
+}
+
+TEST_CASE("matchmaking: peers with different schema hashes or keys never group", "[matchmaking]") {
+    matchmaking_swarm s(12, options_of(2, 4));
+    for (std::size_t i = 0; i < 12; ++i) {
+        auto r = request_of(i, i % 2);         // two schemas
+        if (i >= 8) r.bits = group_bits(1, 2); // and a third set under another key
+        s.start(i, r);
+    }
+    s.wait();
+    const auto groups = s.check_consistent();
+    std::size_t grouped = 0;
+    for (const auto& [id, g] : groups) {
+        std::set<std::size_t> schema, key;
+        for (const auto& m : g.members) {
+            const auto i = static_cast<std::size_t>(m.bandwidth - 1.0);
+            schema.insert(i % 2);
+            key.insert(i >= 8 ? 1 : 0);
+        }
+        CHECK(schema.size() == 1);
+        CHECK(key.size() == 1);
+        grouped += g.members.size();
+    }
+    CHECK(grouped == 12); // everyone found peers of its own kind
+}
+
+TEST_CASE("matchmaking: clients join groups led by serving peers and never lead", "[matchmaking]") {
+    matchmaking_swarm s(4, options_of(2, 3), 2);
+    for (std::size_t i = 0; i < 6; ++i) {
+        auto r = request_of(i);
+        if (i >= 4) {
+            r.role = member_role::client;
+            r.bandwidth = 0;
+        }
+        s.start(i, r);
+    }
+    s.wait();
+    const auto groups = s.check_consistent();
+    std::size_t clients = 0;
+    for (const auto& [id, g] : groups) {
+        CHECK(g.members.front().role != member_role::client);
+        for (const auto& m : g.members)
+            clients += m.role == member_role::client ? 1 : 0;
+    }
+    CHECK(clients == 2);
+}
+
+TEST_CASE("matchmaking: followers of a leader that crashes find another group", "[matchmaking]") {
+    matchmaking_swarm s(9, options_of(2, 12)); // the target is never reached: forms at expiry
+    for (std::size_t i = 0; i < 9; ++i)
+        s.start(i, request_of(i));
+    // Let followers gather around the earliest peer, then crash it before it forms.
+    s.dht.world.network.time().run_for(1500ms);
+    std::size_t leader = 0; // equal expirations: the smallest PeerId leads
+    for (std::size_t i = 1; i < 9; ++i)
+        if (s.dht.members[i].rpc->id() < s.dht.members[leader].rpc->id()) leader = i;
+    s.dht.world.network.crash(s.dht.members[leader].transport->node());
+    s.outcomes[leader].emplace(make_error_code(errc::cancelled), group_type{});
+    s.wait();
+    const auto groups = s.check_consistent();
+    std::size_t grouped = 0;
+    for (const auto& [id, g] : groups) {
+        for (const auto& m : g.members)
+            CHECK(m.peer.id != s.dht.members[leader].rpc->id());
+        grouped += g.members.size();
+    }
+    CHECK(grouped == 8);
+}
+
+TEST_CASE("matchmaking wire: exact bytes, canonical round trips, hostile input refused",
+          "[matchmaking]") {
+    averaging::join_request request;
+    request.schema_hash = 0x0102030405060708;
+    request.group_key = "k.0b1";
+    request.expiration = time_point(duration(0x10));
+    request.member.role = member_role::aux;
+    request.member.bandwidth = 1.0;
+    request.member.address = net::peer_address::parse("/ip4/1.2.3.4/tcp/5").value();
+    request.member.metadata = bytes_of({0xAB});
+    const auto bytes = encode(request);
+    CHECK(hex(bytes) == "01 01 08 07 06 05 04 03 02 01 05 00 00 00 6b 2e 30 62 31 10 00 00 00 00 "
+                        "00 00 00 02 00 00 00 00 00 00 f0 3f 01 00 07 31 2e 32 2e 33 2e 34 05 00 "
+                        "00 01 00 00 00 ab");
+    averaging::join_request back;
+    REQUIRE_FALSE(decode(bytes, back));
+    CHECK(back == request);
+    for (std::size_t n = 0; n < bytes.size(); ++n)
+        CHECK(decode(byte_view(bytes).first(n), back));
+    auto trailing = bytes;
+    trailing.push_back(std::byte{0});
+    CHECK(decode(trailing, back) == errc::trailing_data);
+    auto bad_role = bytes;
+    bad_role[27] = std::byte{3};
+    CHECK(decode(bad_role, back) == errc::corrupt_data);
+
+    averaging::join_response response;
+    response.status = averaging::join_status::not_a_leader;
+    response.leader.emplace(identity_of(3).id(), net::peer_address::parse("/sim/4/port/9").value());
+    averaging::join_response response_back;
+    REQUIRE_FALSE(decode(encode(response), response_back));
+    CHECK(response_back == response);
+    auto bad_status = encode(response);
+    bad_status[2] = std::byte{averaging::max_join_status + 1};
+    CHECK(decode(bad_status, response_back) == errc::corrupt_data);
+
+    averaging::group_message group;
+    group.id[0] = std::byte{9};
+    group.members.emplace_back(identity_of(1).id(), request.member);
+    averaging::member_wire client;
+    client.role = member_role::client;
+    group.members.emplace_back(identity_of(2).id(), client);
+    averaging::group_message group_back;
+    const auto group_bytes = encode(group);
+    REQUIRE_FALSE(decode(group_bytes, group_back));
+    CHECK(group_back == group);
+    CHECK(encode(group_back) == group_bytes);
+    // A member count the remaining bytes cannot hold is refused before anything is built.
+    auto huge = group_bytes;
+    huge[34] = std::byte{0xFF};
+    huge[35] = std::byte{0xFF};
+    CHECK(decode(huge, group_back));
+    CHECK(averaging::decode_disband(averaging::encode_disband()) == std::error_code{});
+}
+
+} // namespace hivemesh::test

@@ -1,0 +1,578 @@
+// State sharing: wire messages (exact bytes, hostile input) and downloads from donors over the
+// DHT, every networked case on the simulated network and on loopback TCP.
+#include "dht/swarm.hpp"
+
+#include <hivemesh/averaging/state_sharing.hpp>
+#include <hivemesh/compression/compress.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+using namespace hivemesh;
+using namespace std::chrono_literals;
+
+namespace {
+
+using test::bytes_of;
+using test::hex;
+using test::sim_world;
+using test::swarm;
+using test::tcp_world;
+
+constexpr const char* prefix = "run";
+constexpr std::size_t swarm_size = 6;
+
+/// A state of tensors with these sizes: pseudo-random values plus special bit patterns
+/// (signed zero, infinities, a NaN with a payload, a denormal), so that only a bit-exact copy
+/// passes bitwise_equal.
+averaging::state make_state(std::uint64_t seed, const std::vector<std::size_t>& sizes) {
+    random_generator rng(seed);
+    averaging::state s;
+    s.metadata = bytes_of("epoch=" + std::to_string(seed));
+    for (const auto n : sizes) {
+        std::vector<float> t(n);
+        for (auto& v : t)
+            v = static_cast<float>(rng.normal());
+        const float special[] = {-0.0f, std::numeric_limits<float>::infinity(),
+                                 std::bit_cast<float>(0x7FC01234u),
+                                 std::numeric_limits<float>::denorm_min()};
+        for (std::size_t i = 0; i < std::min<std::size_t>(n, 4); ++i)
+            t[(i * 7919) % n] = special[i];
+        s.tensors.push_back(std::move(t));
+    }
+    return s;
+}
+
+/// Odd sizes, empty ones included: about 4.6 MiB of float32.
+const std::vector<std::size_t> big_sizes = {0, 1, 777'777, 3, 0, 100'003, 333'335, 17};
+
+template <class World>
+void start(swarm<World>& s) {
+    for (std::size_t i = 0; i < swarm_size; ++i)
+        s.add(4000 + i);
+    s.bootstrap(1, 5);
+}
+
+template <class World>
+using server_type = averaging::state_server<typename World::transport_type>;
+
+/// A server on member `i` serving `shared` (the test keeps the state alive) at `priority`,
+/// once its first advertisement is stored.
+template <class World>
+std::unique_ptr<server_type<World>> serve(swarm<World>& s, std::size_t i,
+                                          const averaging::state& shared, double priority,
+                                          averaging::server_options options = {}) {
+    auto& m = s.members[i];
+    auto server = std::make_unique<server_type<World>>(
+        *m.rpc, *m.dht, prefix, m.endpoint, [&shared] { return shared; }, priority, options);
+    REQUIRE(s.world.run_until([&] { return server->statistics().advertisements >= 1; }, 3600s));
+    return server;
+}
+
+template <class World>
+std::tuple<std::error_code, averaging::downloaded_state>
+load(swarm<World>& s, std::size_t i, averaging::load_options options = {}) {
+    return s.template wait<std::error_code, averaging::downloaded_state>([&](auto handler) {
+        averaging::async_load_state(*s.members[i].rpc, *s.members[i].dht, prefix, options, handler);
+    });
+}
+
+/// Stops the member's whole peer: a crash on the simulated network, a closed node on TCP.
+template <class World>
+void kill(swarm<World>& s, std::size_t i) {
+    auto& m = s.members[i];
+    if constexpr (std::is_same_v<World, sim_world>) {
+        s.world.network.crash(m.transport->node());
+    } else {
+        m.dht->close();
+        m.rpc->close();
+    }
+}
+
+/// Advertises member `i` as a donor at `priority` by hand (for hand-written donors).
+template <class World>
+void advertise_by_hand(swarm<World>& s, std::size_t i, double priority) {
+    auto& m = s.members[i];
+    using transport = typename World::transport_type;
+    const averaging::donor_record record{priority, transport::to_address(m.endpoint)};
+    const auto key = bytes_of(averaging::donors_key(prefix));
+    auto [ec, outcome] = s.template wait<std::error_code, dht::store_outcome>([&](auto handler) {
+        m.dht->async_store(
+            dht::record{
+                key, to_buffer(m.rpc->id().view()), averaging::encode(record), s.now() + 1h, {}},
+            handler);
+    });
+    REQUIRE_FALSE(ec);
+}
+
+/// A donor that follows the protocol but flips one bit of chunk `bad_chunk`'s payload after
+/// hashing it, then waits for the newcomer to hang up (it never sends the rest), so only a
+/// check on arrival can end the download quickly with corrupt_data.
+template <class World>
+void install_corrupt_donor(swarm<World>& s, std::size_t i, const averaging::state& shared,
+                           std::uint32_t chunk_elements, std::uint64_t bad_chunk,
+                           std::size_t& served) {
+    s.members[i].rpc->add_stream_handler(
+        averaging::state_method(prefix),
+        [&shared, chunk_elements, bad_chunk,
+         &served](const net::call_context&,
+                  net::call_stream& stream) -> asio::awaitable<std::error_code> {
+            ++served;
+            byte_buffer raw;
+            if (auto ec = co_await stream.read(raw)) co_return ec;
+            averaging::state_header header;
+            if (auto ec =
+                    averaging::make_header(shared, compression::kind::none, chunk_elements, header))
+                co_return ec;
+            const auto total = header.total_elements();
+            byte_buffer first = averaging::encode(header);
+            if (auto ec = co_await stream.write(std::move(first))) co_return ec;
+            std::vector<float> flat;
+            for (const auto& t : shared.tensors)
+                flat.insert(flat.end(), t.begin(), t.end());
+            for (std::uint64_t c = 0; c <= bad_chunk; ++c) {
+                const auto begin = static_cast<std::size_t>(c * chunk_elements);
+                const auto length =
+                    static_cast<std::size_t>(averaging::chunk_length(total, chunk_elements, c));
+                byte_buffer message;
+                if (auto ec = averaging::append_chunk_message(
+                        c, compression::kind::none,
+                        std::span<const float>(flat.data() + begin, length), message))
+                    co_return ec;
+                if (c == bad_chunk) message.back() ^= std::byte{0x01};
+                if (auto ec = co_await stream.write(std::move(message))) co_return ec;
+            }
+            // Silence until the newcomer resets the call (it closed its side already, so
+            // reading would only return eof).
+            auto watch = stream.stream().watch();
+            co_await watch.until_finished();
+            co_return errc::cancelled;
+        });
+}
+
+bool same_bits(const averaging::state& a, const averaging::state& b) {
+    return averaging::bitwise_equal(a, b);
+}
+
+} // namespace
+
+// ---- wire ------------------------------------------------------------------------------------
+
+TEST_CASE("state header: exact bytes, canonical round trip", "[averaging][state][wire]") {
+    averaging::state_header h;
+    h.codec = compression::kind::none;
+    h.chunk_elements = 2;
+    h.metadata = bytes_of({0xAB, 0xCD});
+    h.tensor_sizes = {2, 0, 1};
+    h.chunk_hashes.resize(2);
+    h.chunk_hashes[0].fill(std::byte{0x11});
+    h.chunk_hashes[1].fill(std::byte{0x22});
+    const auto bytes = averaging::encode(h);
+    const std::string expected = "01 00 02 00 00 00 "         // version, codec, chunk
+                                 "02 00 00 00 ab cd "         // metadata
+                                 "03 00 00 00 "               // tensor count
+                                 "02 00 00 00 00 00 00 00 "   // sizes
+                                 "00 00 00 00 00 00 00 00 "   //
+                                 "01 00 00 00 00 00 00 00 "   //
+                                 "02 00 00 00 00 00 00 00 " + // chunk count
+                                 hex(byte_buffer(32, std::byte{0x11})) +
+                                 " " + //
+                                 hex(byte_buffer(32, std::byte{0x22}));
+    CHECK(hex(bytes) == expected);
+    averaging::state_header back;
+    REQUIRE_FALSE(averaging::decode(bytes, back));
+    CHECK(back == h);
+    CHECK(averaging::encode(back) == bytes);
+}
+
+TEST_CASE("state messages: exact bytes of request, chunk and donor record",
+          "[averaging][state][wire]") {
+    CHECK(hex(averaging::encode(averaging::state_request{})) == "01");
+    const auto payload = bytes_of({1, 2, 3});
+    const auto chunk = averaging::encode(averaging::state_chunk{258, payload});
+    CHECK(hex(chunk) == "02 01 00 00 00 00 00 00 03 00 00 00 01 02 03");
+    averaging::state_chunk decoded;
+    REQUIRE_FALSE(averaging::decode(chunk, decoded));
+    CHECK(decoded.index == 258);
+    CHECK(to_buffer(decoded.payload) == payload);
+
+    const averaging::donor_record record{2.0, net::peer_address::sim(7, 9)};
+    const auto bytes = averaging::encode(record);
+    // version | f64 2.0 | sim (3), host "7", port 9, no peer
+    CHECK(hex(bytes) == "01 00 00 00 00 00 00 00 40 03 01 37 09 00 00");
+    averaging::donor_record back;
+    REQUIRE_FALSE(averaging::decode(bytes, back));
+    CHECK(back == record);
+    // A PeerId in the address, or a non-finite priority, is refused both ways.
+    CHECK_THROWS_AS(averaging::encode(averaging::donor_record{
+                        1.0, net::peer_address::sim(7, 9, test::identity_of(1).id())}),
+                    std::system_error);
+    CHECK_THROWS_AS(averaging::encode(averaging::donor_record{
+                        std::numeric_limits<double>::quiet_NaN(), net::peer_address::sim(7, 9)}),
+                    std::system_error);
+    auto nan = bytes;
+    const auto nan_bits = std::bit_cast<std::uint64_t>(std::numeric_limits<double>::infinity());
+    std::memcpy(nan.data() + 1, &nan_bits, 8);
+    CHECK(averaging::decode(nan, back) == errc::corrupt_data);
+}
+
+TEST_CASE("state decoders refuse truncation, trailing bytes, oversized counts and bad fields",
+          "[averaging][state][wire]") {
+    averaging::state_header h;
+    h.chunk_elements = 3;
+    h.metadata = bytes_of("meta");
+    h.tensor_sizes = {4, 0, 3};
+    h.chunk_hashes.resize(3);
+    const auto bytes = averaging::encode(h);
+    averaging::state_header out;
+    // Every truncation is refused, and so is one byte more.
+    for (std::size_t n = 0; n < bytes.size(); ++n) {
+        INFO("prefix of " << n << " bytes");
+        CHECK(averaging::decode(byte_view(bytes).first(n), out) == errc::truncated_input);
+    }
+    auto longer = bytes;
+    longer.push_back(std::byte{0});
+    CHECK(averaging::decode(longer, out) == errc::trailing_data);
+
+    const auto patched = [&](std::size_t offset, auto value) {
+        auto copy = bytes;
+        std::memcpy(copy.data() + offset, &value, sizeof value);
+        return copy;
+    };
+    // Offsets: version 0, codec 1, chunk_elements 2, metadata length 6, metadata 10,
+    // tensor count 14, sizes 18, chunk count 42, hashes 50.
+    CHECK(averaging::decode(patched(0, std::uint8_t{2}), out) == errc::unsupported_version);
+    CHECK(averaging::decode(patched(1, std::uint8_t{6}), out) == errc::corrupt_data);
+    CHECK(averaging::decode(patched(2, std::uint32_t{0}), out) == errc::corrupt_data);
+    CHECK(averaging::decode(patched(42, std::uint64_t{2}), out) == errc::corrupt_data);
+    // Counts over the limits fail as such, before anything is allocated: a count of 2^32-1
+    // tensors or 2^64-1 chunks with a few bytes behind it.
+    averaging::state_limits limits;
+    limits.max_tensors = 2;
+    CHECK(averaging::decode(bytes, out, limits) == errc::length_limit_exceeded);
+    CHECK(averaging::decode(patched(14, std::uint32_t{0xFFFFFFFF}), out) ==
+          errc::length_limit_exceeded);
+    CHECK(averaging::decode(patched(42, ~std::uint64_t{0}), out) == errc::length_limit_exceeded);
+    limits = {};
+    limits.max_metadata_bytes = 3;
+    CHECK(averaging::decode(bytes, out, limits) == errc::length_limit_exceeded);
+    limits = {};
+    limits.max_total_elements = 6;
+    CHECK(averaging::decode(bytes, out, limits) == errc::length_limit_exceeded);
+    CHECK(averaging::decode(patched(18, ~std::uint64_t{0}), out) == errc::length_limit_exceeded);
+    limits = {};
+    limits.max_chunk_bytes = 16 + 4 * 3 - 1; // a full chunk of 3 floats with codec none: 28
+    CHECK(averaging::decode(bytes, out, limits) == errc::length_limit_exceeded);
+    limits.max_chunk_bytes = 28;
+    CHECK_FALSE(averaging::decode(bytes, out, limits));
+
+    // Chunks: truncation, trailing bytes, an index or payload over the limits.
+    const auto chunk = averaging::encode(averaging::state_chunk{5, bytes});
+    averaging::state_chunk c;
+    for (std::size_t n = 0; n < chunk.size(); ++n)
+        CHECK(averaging::decode(byte_view(chunk).first(n), c) == errc::truncated_input);
+    auto chunk_longer = chunk;
+    chunk_longer.push_back(std::byte{0});
+    CHECK(averaging::decode(chunk_longer, c) == errc::trailing_data);
+    limits = {};
+    limits.max_chunks = 5;
+    CHECK(averaging::decode(chunk, c, limits) == errc::length_limit_exceeded);
+    limits = {};
+    limits.max_chunk_bytes = bytes.size() - 1;
+    CHECK(averaging::decode(chunk, c, limits) == errc::length_limit_exceeded);
+
+    // Requests and donor records.
+    averaging::state_request request;
+    CHECK(averaging::decode({}, request) == errc::truncated_input);
+    CHECK(averaging::decode(bytes_of({1, 0}), request) == errc::trailing_data);
+    CHECK(averaging::decode(bytes_of({2}), request) == errc::unsupported_version);
+    const auto record =
+        averaging::encode(averaging::donor_record{1.5, net::peer_address::sim(12, 80)});
+    averaging::donor_record d;
+    for (std::size_t n = 0; n < record.size(); ++n)
+        CHECK(averaging::decode(byte_view(record).first(n), d) == errc::truncated_input);
+    auto record_longer = record;
+    record_longer.push_back(std::byte{0});
+    CHECK(averaging::decode(record_longer, d) == errc::trailing_data);
+}
+
+TEST_CASE("chunking: hashes cover each chunk's compressed payload, and the assembler checks them",
+          "[averaging][state][wire]") {
+    const auto s = make_state(3, {5, 0, 2, 0, 0, 6, 1});
+    averaging::state_header h;
+    REQUIRE_FALSE(averaging::make_header(s, compression::kind::none, 4, h));
+    REQUIRE(h.tensor_sizes == std::vector<std::uint64_t>{5, 0, 2, 0, 0, 6, 1});
+    REQUIRE(h.chunk_hashes.size() == 4); // 14 elements in chunks of 4: 4 4 4 2
+    std::vector<float> flat;
+    for (const auto& t : s.tensors)
+        flat.insert(flat.end(), t.begin(), t.end());
+    std::vector<byte_buffer> messages;
+    for (std::uint64_t c = 0; c < 4; ++c) {
+        const auto begin = static_cast<std::size_t>(c * 4);
+        const auto values = std::span<const float>(flat).subspan(begin, c == 3 ? 2 : 4);
+        const auto payload = compression::compress(compression::kind::none, values);
+        std::array<std::byte, 32> expected;
+        crypto_generichash(reinterpret_cast<unsigned char*>(expected.data()), 32,
+                           reinterpret_cast<const unsigned char*>(payload.data()), payload.size(),
+                           nullptr, 0);
+        CHECK(h.chunk_hashes[c] == expected);
+        byte_buffer message;
+        REQUIRE_FALSE(averaging::append_chunk_message(c, compression::kind::none, values, message));
+        CHECK(message == averaging::encode(averaging::state_chunk{c, payload}));
+        messages.push_back(message);
+    }
+    const auto assemble = [&](std::vector<byte_buffer> stream) -> std::error_code {
+        averaging::detail::state_assembler a(h);
+        for (const auto& m : stream) {
+            averaging::state_chunk c;
+            if (auto ec = averaging::decode(m, c)) return ec;
+            if (auto ec = a.add(c)) return ec;
+        }
+        if (!a.complete()) return errc::truncated_input;
+        if (!averaging::bitwise_equal(a.take(), s)) return errc::size_mismatch;
+        return {};
+    };
+    CHECK_FALSE(assemble(messages));
+    auto swapped = messages;
+    std::swap(swapped[1], swapped[2]);
+    CHECK(assemble(swapped) == errc::protocol_violation);
+    for (std::size_t byte : {12u, 20u, 31u}) { // compression header, first value, last value
+        auto flipped = messages;
+        flipped[1][byte] ^= std::byte{0x80};
+        INFO("flipped byte " << byte);
+        CHECK(assemble(flipped) == errc::corrupt_data);
+    }
+    // A state without elements has no chunks.
+    averaging::state empty;
+    empty.metadata = bytes_of("only metadata");
+    empty.tensors = {{}, {}};
+    REQUIRE_FALSE(averaging::make_header(empty, compression::kind::none, 4, h));
+    CHECK(h.chunk_hashes.empty());
+    averaging::detail::state_assembler a(h);
+    CHECK(a.complete());
+    CHECK(averaging::bitwise_equal(a.take(), empty));
+}
+
+TEST_CASE("parse_donors orders by priority, then PeerId, and skips what it cannot use",
+          "[averaging][state]") {
+    dht::key_entry entry;
+    entry.key = bytes_of(averaging::donors_key(prefix));
+    const auto add = [&](std::uint8_t who, byte_buffer value) {
+        entry.dictionary[to_buffer(test::identity_of(who).id().view())] =
+            dht::stored_value{std::move(value), time_point{1h}, {}};
+    };
+    const auto record = [](double priority, std::uint64_t node) {
+        return averaging::encode(
+            averaging::donor_record{priority, net::peer_address::sim(node, 1)});
+    };
+    add(1, record(5, 1));
+    add(2, record(9, 2));
+    add(3, record(5, 3));
+    add(4, {});                  // withdrawn
+    add(5, bytes_of({1, 2, 3})); // malformed
+    add(6, record(100, 6));      // the caller itself
+    entry.dictionary[bytes_of("short subkey")] =
+        dht::stored_value{record(50, 7), time_point{1h}, {}};
+    const auto donors = averaging::parse_donors(entry, test::identity_of(6).id());
+    REQUIRE(donors.size() == 3);
+    CHECK(donors[0].id == test::identity_of(2).id());
+    CHECK(donors[0].priority == 9);
+    CHECK(donors[0].address == net::peer_address::sim(2, 1));
+    const auto one = test::identity_of(1).id();
+    const auto three = test::identity_of(3).id();
+    const auto low = std::min(one, three);
+    const auto high = std::max(one, three);
+    CHECK(donors[1].id == low);
+    CHECK(donors[2].id == high);
+}
+
+// ---- downloads, on both transports -------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("a newcomer's downloaded state is bit-identical to the donor's",
+                   "[averaging][state]", sim_world, tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    const auto shared = make_state(11, big_sizes);
+    averaging::server_options options;
+    options.chunk_size_bytes = 64 * 1024 + 12; // not a power of two: chunks straddle tensors
+    auto donor = serve(s, 1, shared, 3, options);
+    auto [ec, result] = load(s, 4);
+    REQUIRE_FALSE(ec);
+    CHECK(same_bits(result.contents, shared));
+    CHECK(result.donor == s.members[1].rpc->id());
+    CHECK(result.priority == 3);
+    CHECK(result.failures.empty());
+    std::size_t total = 0;
+    for (const auto n : big_sizes)
+        total += n;
+    const std::size_t chunk_elements = options.chunk_size_bytes / 4;
+    const std::size_t chunks = (total + chunk_elements - 1) / chunk_elements;
+    CHECK(result.chunks == chunks);
+    CHECK(chunks > 60);
+    const auto& stats = donor->statistics();
+    CHECK(stats.uploads_started == 1);
+    CHECK(stats.uploads_completed == 1);
+    CHECK(stats.chunks_sent == chunks);
+    // Every member can download it, the donor itself excepted (it is not its own donor).
+    auto [again_ec, again] = load(s, 0);
+    REQUIRE_FALSE(again_ec);
+    CHECK(same_bits(again.contents, shared));
+    auto [self_ec, self] = load(s, 1);
+    CHECK(self_ec == errc::not_found);
+    // The blocking form refuses to run on the io thread.
+    std::optional<std::error_code> blocking;
+    asio::post(s.members[2].rpc->get_executor(), [&] {
+        try {
+            averaging::load_state(*s.members[2].rpc, *s.members[2].dht, prefix);
+            blocking = std::error_code{};
+        } catch (const std::system_error& e) {
+            blocking = e.code();
+        }
+    });
+    REQUIRE(s.world.run_until([&] { return blocking.has_value(); }, 60s));
+    CHECK(*blocking == errc::wrong_thread);
+}
+
+TEMPLATE_TEST_CASE("the donor with the higher priority is chosen", "[averaging][state]", sim_world,
+                   tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    const auto low_state = make_state(21, {1000, 0, 33});
+    const auto high_state = make_state(22, {1000, 0, 33});
+    auto low = serve(s, 1, low_state, 7);
+    auto high = serve(s, 2, high_state, 8);
+    auto [ec, result] = load(s, 5);
+    REQUIRE_FALSE(ec);
+    CHECK(result.donor == s.members[2].rpc->id());
+    CHECK(result.priority == 8);
+    CHECK(same_bits(result.contents, high_state));
+    CHECK(low->statistics().uploads_started == 0);
+    // A new priority takes effect with the next advertisement.
+    low->set_priority(9);
+    auto [aec] = s.template wait<std::error_code>([&](auto h) { low->async_advertise(h); });
+    REQUIRE_FALSE(aec);
+    auto [ec2, result2] = load(s, 5);
+    REQUIRE_FALSE(ec2);
+    CHECK(result2.donor == s.members[1].rpc->id());
+    CHECK(same_bits(result2.contents, low_state));
+}
+
+TEMPLATE_TEST_CASE("a donor that dies mid-download: the newcomer finishes from the next one",
+                   "[averaging][state]", sim_world, tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    const auto first_state = make_state(31, big_sizes);
+    const auto second_state = make_state(32, big_sizes);
+    averaging::server_options options;
+    options.chunk_size_bytes = 32 * 1024;
+    auto preferred = serve(s, 1, first_state, 10, options);
+    auto fallback = serve(s, 2, second_state, 5, options);
+    std::optional<std::tuple<std::error_code, averaging::downloaded_state>> out;
+    averaging::async_load_state(
+        *s.members[4].rpc, *s.members[4].dht, prefix, {},
+        [&](std::error_code ec, averaging::downloaded_state r) { out.emplace(ec, std::move(r)); });
+    REQUIRE(s.world.run_until([&] { return preferred->statistics().chunks_sent >= 3; }, 3600s));
+    REQUIRE_FALSE(out);
+    kill(s, 1);
+    REQUIRE(s.world.run_until([&] { return out.has_value(); }, 3600s));
+    auto& [ec, result] = *out;
+    REQUIRE_FALSE(ec);
+    CHECK(preferred->statistics().uploads_completed == 0);
+    CHECK(result.donor == s.members[2].rpc->id());
+    CHECK(same_bits(result.contents, second_state));
+    REQUIRE(result.failures.size() == 1);
+    CHECK(result.failures[0].donor == s.members[1].rpc->id());
+    CHECK(result.failures[0].priority == 10);
+    CHECK(result.failures[0].error);
+    CHECK(result.failures[0].error != errc::corrupt_data);
+    CHECK(fallback->statistics().uploads_completed == 1);
+}
+
+TEMPLATE_TEST_CASE("a corrupted chunk is detected on arrival and the newcomer falls back",
+                   "[averaging][state]", sim_world, tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    const auto shared = make_state(41, {5000, 0, 12345, 7});
+    std::size_t served = 0;
+    install_corrupt_donor(s, 3, shared, 1000, 2, served);
+    advertise_by_hand(s, 3, 50);
+    auto honest = serve(s, 1, shared, 1);
+    averaging::load_options options;
+    options.donor_timeout = 1000s; // a check at the end only would run into this
+    auto [ec, result] = load(s, 5, options);
+    REQUIRE_FALSE(ec);
+    CHECK(served == 1);
+    CHECK(result.donor == s.members[1].rpc->id());
+    CHECK(same_bits(result.contents, shared));
+    REQUIRE(result.failures.size() == 1);
+    CHECK(result.failures[0].donor == s.members[3].rpc->id());
+    CHECK(result.failures[0].error == errc::corrupt_data);
+
+    // With the honest donor gone, the corrupt one is all there is: an error, never its state.
+    auto [sec] = s.template wait<std::error_code>([&](auto h) { honest->async_stop(h); });
+    REQUIRE_FALSE(sec);
+    auto [cec, corrupt] = load(s, 5, options);
+    CHECK(cec == errc::corrupt_data);
+    CHECK(corrupt.contents.tensors.empty());
+    CHECK(corrupt.contents.metadata.empty());
+    REQUIRE(corrupt.failures.size() == 1);
+    CHECK(corrupt.failures[0].error == errc::corrupt_data);
+    CHECK(served == 2);
+}
+
+TEMPLATE_TEST_CASE(
+    "no donor gives not_found, and a stopped donor withdraws and answers not_a_donor",
+    "[averaging][state]", sim_world, tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    auto [ec, result] = load(s, 2);
+    CHECK(ec == errc::not_found);
+    CHECK(result.failures.empty());
+
+    const auto shared = make_state(51, {10});
+    auto donor = serve(s, 1, shared, 1);
+    auto [lec, listed] = s.template wait<std::error_code, std::vector<averaging::donor_info>>(
+        [&](auto h) { averaging::async_list_donors(*s.members[2].dht, prefix, h); });
+    REQUIRE_FALSE(lec);
+    REQUIRE(listed.size() == 1);
+    CHECK(listed[0].id == s.members[1].rpc->id());
+    CHECK(listed[0].address ==
+          TestType::transport_type::to_address(s.members[1].endpoint).without_peer());
+
+    auto [sec] = s.template wait<std::error_code>([&](auto h) { donor->async_stop(h); });
+    REQUIRE_FALSE(sec);
+    CHECK_FALSE(donor->serving());
+    auto [ec2, result2] = load(s, 2);
+    CHECK(ec2 == errc::not_found);
+
+    // A newcomer that still calls it (e.g. from an older list) is told it is not a donor.
+    std::optional<std::error_code> direct;
+    asio::co_spawn(
+        s.members[2].rpc->get_executor(),
+        [&]() -> asio::awaitable<void> {
+            auto& rpc = *s.members[2].rpc;
+            net::call_stream call;
+            typename swarm<TestType>::peer target = s.members[1].address();
+            if (auto oec =
+                    co_await rpc.open_call(target, averaging::state_method(prefix), 60s, call)) {
+                direct = oec;
+                co_return;
+            }
+            byte_buffer request = averaging::encode(averaging::state_request{});
+            co_await call.write(std::move(request));
+            co_await call.close_write();
+            byte_buffer message;
+            direct = co_await call.read(message);
+        },
+        asio::detached);
+    REQUIRE(s.world.run_until([&] { return direct.has_value(); }, 3600s));
+    CHECK(*direct == errc::not_a_donor);
+    CHECK(donor->statistics().uploads_refused == 1);
+}
