@@ -379,6 +379,10 @@ int hivemesh_child(const options& o) {
     using service_type = averaging::allreduce_service<transport_type>;
     parent_link link;
 
+    // Compression and reduction on a pool (the intended use); 0 threads: on the io thread.
+    // Declared before `io`, so it is destroyed after it: handlers queued in `io` hold
+    // strands on the pool.
+    asio::thread_pool compute(std::max(o.compute_threads, 1u));
     asio::io_context io(1);
     transport_type transport(io.get_executor());
     net::node_options node_options;
@@ -390,8 +394,6 @@ int hivemesh_child(const options& o) {
     const auto port = listener.local_endpoint().port();
     rpc.serve(std::move(listener));
 
-    // Compression and reduction on a pool (the intended use); 0 threads: on the io thread.
-    asio::thread_pool compute(std::max(o.compute_threads, 1u));
     std::optional<asio::any_io_executor> compute_executor;
     if (o.compute_threads > 0) compute_executor = compute.get_executor();
     averaging::allreduce_options allreduce_options;
