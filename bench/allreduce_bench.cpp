@@ -100,6 +100,7 @@ struct options {
     std::size_t part_size = 512u << 10;
     std::size_t mux_window = 0;    ///< 0: the node's default
     std::size_t frame_payload = 0; ///< 0: the node's default
+    std::size_t mux_batch = 0;     ///< 0: the node's default
     unsigned compute_threads = 1;
     unsigned child_timeout = 1800; ///< seconds a child may live
     // Child only.
@@ -116,6 +117,7 @@ constexpr const char* usage_text =
     "usage: bench_allreduce [--quick] [--processes 2,4,8] [--elements N] [--warmup W]\n"
     "                       [--rounds R] [--systems NAME,...] [--json FILE]\n"
     "                       [--part-size BYTES] [--mux-window BYTES] [--frame-payload BYTES]\n"
+    "                       [--mux-batch BYTES]\n"
     "                       [--compute-threads T] [--child-timeout SECONDS]\n"
     "--compute-threads: hivemesh's pool for compression and reduction per process (default\n"
     "         1); 0 runs them on the io thread\n"
@@ -180,6 +182,8 @@ options parse(int argc, char** argv) {
             o.mux_window = to_size(arg, value());
         } else if (arg == "--frame-payload") {
             o.frame_payload = to_size(arg, value());
+        } else if (arg == "--mux-batch") {
+            o.mux_batch = to_size(arg, value());
         } else if (arg == "--compute-threads") {
             o.compute_threads = static_cast<unsigned>(to_size(arg, value()));
         } else if (arg == "--child-timeout") {
@@ -389,6 +393,7 @@ int hivemesh_child(const options& o) {
     node_options.security.plaintext = o.plaintext;
     if (o.mux_window) node_options.mux.initial_window = static_cast<std::uint32_t>(o.mux_window);
     if (o.frame_payload) node_options.mux.frame_payload = o.frame_payload;
+    if (o.mux_batch) node_options.mux.max_batch_bytes = o.mux_batch;
     net::node<transport_type> rpc(transport, crypto::identity::generate(), node_options);
     auto listener = transport.listen(asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(), 0));
     const auto port = listener.local_endpoint().port();
@@ -802,6 +807,8 @@ std::vector<std::string> child_arguments(const options& o, const system_spec& s,
                                std::to_string(o.mux_window),
                                "--frame-payload",
                                std::to_string(o.frame_payload),
+                               "--mux-batch",
+                               std::to_string(o.mux_batch),
                                "--compute-threads",
                                std::to_string(o.compute_threads),
                                "--child-timeout",

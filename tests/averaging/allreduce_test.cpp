@@ -54,9 +54,13 @@ struct allreduce_group {
     time_point started_at{};
 
     /// Peers with these roles, `size` random values each in [1, 2), weights in [1, 5).
+    /// With `post_compute`, compression and reduction are posted to the world's own
+    /// executor (as to a thread pool, other handlers run in between) instead of `compute`.
     allreduce_group(const std::vector<member_role>& roles, std::size_t size,
                     averaging::allreduce_options options = small_parts(), std::uint64_t seed = 1,
-                    std::optional<asio::any_io_executor> compute = std::nullopt) {
+                    std::optional<asio::any_io_executor> compute = std::nullopt,
+                    bool post_compute = false) {
+        if (post_compute) compute = world.io.get_executor();
         random_generator rng(seed);
         for (std::size_t i = 0; i < 32; ++i)
             group.id[i] = static_cast<std::byte>(rng() & 0xFF);
@@ -415,119 +419,124 @@ TEST_CASE("allreduce faults (5 peers, one a client): healthy peers finish by the
     const std::vector<member_role> roles{member_role::node, member_role::node, member_role::node,
                                          member_role::node, member_role::client};
     const duration timeout = 30s;
-    for (const auto f : {fault::fail_before, fault::fail_sending, fault::slow_sending,
-                         fault::fail_reducing, fault::slow_reducing, fault::cancel}) {
-        const bool reducing_fault = f == fault::fail_reducing || f == fault::slow_reducing;
-        for (const std::size_t victim : {std::size_t{1}, std::size_t{4}}) {
-            if (reducing_fault && victim == 4) continue; // a client reduces nothing
-            INFO(name(f) << ", victim " << victim);
-            allreduce_group<sim_world> g(roles, 5000);
-            auto& v = g.peers[victim];
-            auto crash = [&g, &v] { g.world.network.crash(v.transport->node()); };
-            asio::cancellation_signal cancel;
-            averaging::allreduce_hooks hooks;
-            bool crashed = false;
-            switch (f) {
-            case fault::fail_before:
-                crash();
-                crashed = true;
-                break;
-            case fault::fail_sending:
-                hooks.before_send = [&](std::size_t, std::size_t part) {
-                    if (part == 2 && !crashed) {
-                        crashed = true;
-                        crash();
-                    }
-                    return duration::zero();
-                };
-                break;
-            case fault::slow_sending:
-                hooks.before_send = [](std::size_t, std::size_t part) {
-                    return part >= 2 ? duration(5s) : duration::zero();
-                };
-                break;
-            case fault::fail_reducing:
-                hooks.before_reduce = [&](std::size_t part) {
-                    if (part == 2 && !crashed) {
-                        crashed = true;
-                        crash();
-                    }
-                    return duration::zero();
-                };
-                break;
-            case fault::slow_reducing:
-                hooks.before_reduce = [](std::size_t part) {
-                    return part >= 1 ? duration(6s) : duration::zero();
-                };
-                break;
-            case fault::cancel:
-                hooks.before_send = [&](std::size_t, std::size_t part) {
-                    if (part == 2) cancel.emit(asio::cancellation_type::terminal);
-                    return duration::zero();
-                };
-                break;
-            }
-            v.service->set_hooks(hooks);
-            g.started_at = g.now();
-            for (std::size_t i = 0; i < g.peers.size(); ++i) {
-                if (i == victim && f == fault::fail_before) continue;
-                g.start(i, timeout, i == victim ? cancel.slot() : asio::cancellation_slot{});
-            }
-            g.wait();
+    // Inline compute, and compute posted so that failures land while a part is being added
+    // (a part added for a sender that failed meanwhile must still count it).
+    for (const bool posted : {false, true})
+        for (const auto f : {fault::fail_before, fault::fail_sending, fault::slow_sending,
+                             fault::fail_reducing, fault::slow_reducing, fault::cancel}) {
+            const bool reducing_fault = f == fault::fail_reducing || f == fault::slow_reducing;
+            for (const std::size_t victim : {std::size_t{1}, std::size_t{4}}) {
+                if (reducing_fault && victim == 4) continue; // a client reduces nothing
+                INFO(name(f) << ", victim " << victim << (posted ? ", posted compute" : ""));
+                allreduce_group<sim_world> g(roles, 5000, allreduce_group<sim_world>::small_parts(),
+                                             1, std::nullopt, posted);
+                auto& v = g.peers[victim];
+                auto crash = [&g, &v] { g.world.network.crash(v.transport->node()); };
+                asio::cancellation_signal cancel;
+                averaging::allreduce_hooks hooks;
+                bool crashed = false;
+                switch (f) {
+                case fault::fail_before:
+                    crash();
+                    crashed = true;
+                    break;
+                case fault::fail_sending:
+                    hooks.before_send = [&](std::size_t, std::size_t part) {
+                        if (part == 2 && !crashed) {
+                            crashed = true;
+                            crash();
+                        }
+                        return duration::zero();
+                    };
+                    break;
+                case fault::slow_sending:
+                    hooks.before_send = [](std::size_t, std::size_t part) {
+                        return part >= 2 ? duration(5s) : duration::zero();
+                    };
+                    break;
+                case fault::fail_reducing:
+                    hooks.before_reduce = [&](std::size_t part) {
+                        if (part == 2 && !crashed) {
+                            crashed = true;
+                            crash();
+                        }
+                        return duration::zero();
+                    };
+                    break;
+                case fault::slow_reducing:
+                    hooks.before_reduce = [](std::size_t part) {
+                        return part >= 1 ? duration(6s) : duration::zero();
+                    };
+                    break;
+                case fault::cancel:
+                    hooks.before_send = [&](std::size_t, std::size_t part) {
+                        if (part == 2) cancel.emit(asio::cancellation_type::terminal);
+                        return duration::zero();
+                    };
+                    break;
+                }
+                v.service->set_hooks(hooks);
+                g.started_at = g.now();
+                for (std::size_t i = 0; i < g.peers.size(); ++i) {
+                    if (i == victim && f == fault::fail_before) continue;
+                    g.start(i, timeout, i == victim ? cancel.slot() : asio::cancellation_slot{});
+                }
+                g.wait();
 
-            for (std::size_t i = 0; i < g.peers.size(); ++i) {
-                if (i == victim && crashed) continue;
-                INFO("peer " << i);
-                const auto& [ec, result] = *g.peers[i].outcome;
-                CHECK(g.peers[i].finished_at - g.started_at <= timeout);
-                // Nobody waits longer than the reducer timeout plus a little here.
-                if (i != victim) CHECK(g.peers[i].finished_at - g.started_at <= 5s);
-                if (i == victim && f == fault::cancel)
-                    CHECK(ec == errc::cancelled);
-                else
-                    CHECK_FALSE(ec);
-                g.check_consistent(i);
-                if (i != victim) CHECK(result.fraction_averaged() > 0.5);
-            }
-            // Spans of 1250 elements, parts of 250: part q of a span is (begin % 1250) / 250.
-            const auto part_index = [](const averaging::part_outcome& part) {
-                return (part.begin % 1250) / 250;
-            };
-            if (f == fault::slow_sending) {
-                // Parts 0 and 1 came in time and include the victim; later ones do not.
                 for (std::size_t i = 0; i < g.peers.size(); ++i) {
-                    if (i == victim) continue;
-                    for (const auto& part : g.peers[i].outcome->second.parts) {
-                        REQUIRE(part.averaged());
-                        if (part.reducer == victim) continue; // it reduced its own span fully
-                        CHECK(part.contributors[victim] == (part_index(part) < 2));
+                    if (i == victim && crashed) continue;
+                    INFO("peer " << i);
+                    const auto& [ec, result] = *g.peers[i].outcome;
+                    CHECK(g.peers[i].finished_at - g.started_at <= timeout);
+                    // Nobody waits longer than the reducer timeout plus a little here.
+                    if (i != victim) CHECK(g.peers[i].finished_at - g.started_at <= 5s);
+                    if (i == victim && f == fault::cancel)
+                        CHECK(ec == errc::cancelled);
+                    else
+                        CHECK_FALSE(ec);
+                    g.check_consistent(i);
+                    if (i != victim) CHECK(result.fraction_averaged() > 0.5);
+                }
+                // Spans of 1250 elements, parts of 250: part q of a span is (begin % 1250) / 250.
+                const auto part_index = [](const averaging::part_outcome& part) {
+                    return (part.begin % 1250) / 250;
+                };
+                if (f == fault::slow_sending) {
+                    // Parts 0 and 1 came in time and include the victim; later ones do not.
+                    for (std::size_t i = 0; i < g.peers.size(); ++i) {
+                        if (i == victim) continue;
+                        for (const auto& part : g.peers[i].outcome->second.parts) {
+                            REQUIRE(part.averaged());
+                            if (part.reducer == victim) continue; // it reduced its own span fully
+                            CHECK(part.contributors[victim] == (part_index(part) < 2));
+                        }
                     }
                 }
-            }
-            if (f == fault::slow_reducing) {
-                // Part 0 of the victim's span came back in time, parts 1-4 stayed local.
-                for (std::size_t i = 0; i < g.peers.size(); ++i) {
-                    if (i == victim) continue;
-                    CHECK(g.peers[i].outcome->second.fraction_averaged() == 0.8);
-                    for (const auto& part : g.peers[i].outcome->second.parts)
-                        CHECK(part.averaged() == (part.reducer != victim || part_index(part) == 0));
+                if (f == fault::slow_reducing) {
+                    // Part 0 of the victim's span came back in time, parts 1-4 stayed local.
+                    for (std::size_t i = 0; i < g.peers.size(); ++i) {
+                        if (i == victim) continue;
+                        CHECK(g.peers[i].outcome->second.fraction_averaged() == 0.8);
+                        for (const auto& part : g.peers[i].outcome->second.parts)
+                            CHECK(part.averaged() ==
+                                  (part.reducer != victim || part_index(part) == 0));
+                    }
+                    // The victim itself averaged its whole span, slowly, within its deadline.
+                    CHECK(g.peers[victim].outcome->second.fraction_averaged() == 1.0);
                 }
-                // The victim itself averaged its whole span, slowly, within its deadline.
-                CHECK(g.peers[victim].outcome->second.fraction_averaged() == 1.0);
-            }
-            if (f == fault::fail_before) {
-                // Exactly: the victim's span (if it had one) stayed local, the rest is the
-                // mean of everyone else.
-                for (std::size_t i = 0; i < g.peers.size(); ++i) {
-                    if (i == victim) continue;
-                    const auto& result = g.peers[i].outcome->second;
-                    CHECK(result.participants == all_but(5, {victim}));
-                    const double expected = victim == 4 ? 1.0 : 0.75;
-                    CHECK(result.fraction_averaged() == expected);
+                if (f == fault::fail_before) {
+                    // Exactly: the victim's span (if it had one) stayed local, the rest is the
+                    // mean of everyone else.
+                    for (std::size_t i = 0; i < g.peers.size(); ++i) {
+                        if (i == victim) continue;
+                        const auto& result = g.peers[i].outcome->second;
+                        CHECK(result.participants == all_but(5, {victim}));
+                        const double expected = victim == 4 ? 1.0 : 0.75;
+                        CHECK(result.fraction_averaged() == expected);
+                    }
                 }
             }
         }
-    }
 }
 
 TEST_CASE("allreduce over a list of tensors writes the averages back into each tensor",

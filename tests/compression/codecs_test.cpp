@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -88,6 +89,55 @@ TEST_CASE("compress_into appends after a prefix of any length, aligned or not", 
             CHECK(std::all_of(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(prefix),
                               [](std::byte b) { return b == std::byte{0xEE}; }));
         }
+}
+
+TEST_CASE("decompress_add and decompress_finite_into: exact, from odd addresses, and all or "
+          "nothing",
+          "[compression]") {
+    std::vector<float> values(1003);
+    for (std::size_t i = 0; i < values.size(); ++i)
+        values[i] = 0.001f * static_cast<float>(i) - 0.3f;
+    std::vector<float> scratch;
+    for (kind k : all_kinds)
+        for (std::size_t prefix : {0u, 1u}) {
+            INFO(to_string(k) << " after " << prefix << " bytes");
+            byte_buffer out(prefix, std::byte{0});
+            REQUIRE_FALSE(compress_into(k, values, out));
+            const byte_view buffer = byte_view(out).subspan(prefix);
+            const std::vector<float> decoded = decompress(buffer);
+
+            std::vector<float> got(values.size(), 9.0f);
+            REQUIRE_FALSE(decompress_finite_into(buffer, got, scratch));
+            CHECK(got == decoded);
+
+            std::vector<float> sum(values.size(), 1.0f);
+            REQUIRE_FALSE(decompress_add(buffer, sum, 0.5f, scratch));
+            for (std::size_t i = 0; i < sum.size(); ++i)
+                REQUIRE(sum[i] == 1.0f + 0.5f * decoded[i]);
+
+            // Wrong size and a cut buffer leave the destination alone.
+            std::vector<float> shorter(values.size() - 1, 2.0f);
+            CHECK(decompress_add(buffer, shorter, 1.0f, scratch) == errc::size_mismatch);
+            CHECK(decompress_finite_into(buffer.first(buffer.size() - 1), got, scratch));
+            CHECK(got == decoded);
+            CHECK(std::all_of(shorter.begin(), shorter.end(), [](float v) { return v == 2.0f; }));
+        }
+    // A non-finite value anywhere is refused before anything is written.
+    // (float16 clamps infinities, so only its NaN survives encoding.)
+    constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    const std::pair<kind, float> cases[] = {
+        {kind::none, nan}, {kind::none, -inf}, {kind::float16, nan}};
+    for (const auto& [k, bad] : cases) {
+        INFO(to_string(k) << " holding " << bad);
+        std::vector<float> poisoned = values;
+        poisoned[777] = bad;
+        const byte_buffer buffer = compress(k, poisoned);
+        std::vector<float> sum(values.size(), 1.0f);
+        CHECK(decompress_add(buffer, sum, 1.0f, scratch) == errc::non_finite_input);
+        CHECK(decompress_finite_into(buffer, sum, scratch) == errc::non_finite_input);
+        CHECK(std::all_of(sum.begin(), sum.end(), [](float v) { return v == 1.0f; }));
+    }
 }
 
 TEST_CASE("compressed sizes are what the formats say", "[compression]") {

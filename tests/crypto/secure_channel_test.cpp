@@ -923,3 +923,33 @@ TEST_CASE("sealing a head and a body equals sealing them joined", "[crypto][secu
         CHECK(gathered.seal(byte_buffer(1), big, record) == errc::message_too_large);
     }
 }
+
+TEST_CASE("a plaintext record's prefix alone, then its payload, equals the sealed record",
+          "[crypto][secure_channel]") {
+    std::array<std::byte, 32> key_bytes{};
+    key_bytes.fill(std::byte{0x42});
+    record_sealer whole(cipher::plaintext, symmetric_key(key_bytes), {});
+    record_sealer prefixed(cipher::plaintext, symmetric_key(key_bytes), {});
+    for (const std::size_t size : {0, 1, 1000, 65536}) {
+        const byte_buffer payload(size, std::byte{0x5A});
+        byte_buffer expected(whole.record_size(size));
+        REQUIRE_FALSE(whole.seal(payload, expected));
+        byte_buffer got(record_sealer::payload_offset);
+        REQUIRE_FALSE(prefixed.seal_plaintext_prefix(size, got));
+        got.insert(got.end(), payload.begin(), payload.end());
+        CHECK(got == expected);
+    }
+    CHECK(prefixed.records_sealed() == whole.records_sealed());
+    byte_buffer prefix(record_sealer::payload_offset);
+    CHECK(prefixed.seal_plaintext_prefix(prefixed.max_payload_size() + 1, prefix) ==
+          errc::message_too_large);
+    byte_buffer close(prefixed.record_size(0));
+    REQUIRE_FALSE(prefixed.seal_close(close));
+    CHECK(prefixed.seal_plaintext_prefix(1, prefix) == errc::connection_closed);
+    // Misuse: a sealed suite needs the payload to seal it, and the prefix has a fixed size.
+    record_sealer secure(cipher::chacha20_poly1305, symmetric_key(key_bytes), {});
+    CHECK_THROWS_AS(secure.seal_plaintext_prefix(1, prefix), std::logic_error);
+    record_sealer fresh(cipher::plaintext, symmetric_key(key_bytes), {});
+    byte_buffer short_prefix(record_sealer::payload_offset - 1);
+    CHECK_THROWS_AS(fresh.seal_plaintext_prefix(1, short_prefix), std::invalid_argument);
+}

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -168,6 +169,65 @@ TEST_CASE("messages of every size cross a stream both ways", "[net][mux]") {
     CHECK(as_string_view(hello_seen) == "hello from b");
     CHECK(pair.a->stream_count() == 0);
     CHECK(pair.b->stream_count() == 0);
+}
+
+TEST_CASE("prefixed and shared messages arrive whole, across frames, on every stream",
+          "[net][mux]") {
+    net::mux_options options;
+    options.frame_payload = 1000; // every message but the empty ones spans several frames
+    mux_pair pair(options, options);
+    const auto shared = std::make_shared<const byte_buffer>(pattern(4321, 7));
+    const auto joined = [](std::optional<std::byte> prefix, byte_view body) {
+        byte_buffer out;
+        if (prefix) out.push_back(*prefix);
+        out.insert(out.end(), body.begin(), body.end());
+        return out;
+    };
+    // Per stream: a prefixed owned body, the shared body bare and prefixed, a prefix alone.
+    const std::vector<byte_buffer> expected{joined(std::byte{7}, pattern(2500, 3)), *shared,
+                                            joined(std::byte{9}, *shared),
+                                            joined(std::byte{1}, {})};
+    auto sender = [&]() -> asio::awaitable<void> {
+        mux_stream s;
+        {
+            const std::error_code ec = co_await pair.a->open(s);
+            REQUIRE_FALSE(ec);
+        }
+        std::vector<net::mux_message> messages(4);
+        messages[0].prefix = std::byte{7};
+        messages[0].body = pattern(2500, 3);
+        messages[1].shared_body = shared;
+        messages[2].prefix = std::byte{9};
+        messages[2].shared_body = shared;
+        messages[3].prefix = std::byte{1};
+        for (std::size_t i = 0; i < messages.size(); ++i) {
+            const std::error_code ec = co_await s.send(std::move(messages[i]), i == 3);
+            REQUIRE_FALSE(ec);
+        }
+    };
+    auto first = spawn(pair.io, sender());
+    auto second = spawn(pair.io, sender());
+    std::vector<std::vector<byte_buffer>> received;
+    auto reader = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        co_await poll_until(pair.io, [&] { return pair.incoming_b.size() >= 2; });
+        for (auto& s : pair.incoming_b) {
+            auto& got = received.emplace_back();
+            while (true) {
+                byte_buffer m;
+                const auto ec = co_await s.receive(m);
+                if (ec == asio::error::eof) break;
+                REQUIRE_FALSE(ec);
+                got.push_back(std::move(m));
+            }
+        }
+    });
+    pair.run(first);
+    pair.run(second);
+    pair.run(reader);
+    REQUIRE(received.size() == 2);
+    CHECK(received[0] == expected);
+    CHECK(received[1] == expected);
+    CHECK(*shared == pattern(4321, 7));
 }
 
 TEST_CASE("more streams than the peer allows wait for a free slot", "[net][mux]") {

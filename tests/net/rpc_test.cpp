@@ -287,7 +287,13 @@ TEMPLATE_TEST_CASE("streaming calls: upload, download and echo", "[net][rpc]", s
             for (int i = 0; i < 3; ++i) {
                 byte_buffer out;
                 binary_writer(out).write(total + static_cast<std::uint64_t>(i));
-                const auto ec = co_await stream.write(std::move(out));
+                std::error_code ec;
+                if (i == 1) { // the form for one buffer written to many streams
+                    auto shared = std::make_shared<const byte_buffer>(std::move(out));
+                    ec = co_await stream.write(std::move(shared));
+                } else {
+                    ec = co_await stream.write(std::move(out));
+                }
                 if (ec) co_return ec;
             }
             co_return std::error_code{};
@@ -314,15 +320,23 @@ TEMPLATE_TEST_CASE("streaming calls: upload, download and echo", "[net][rpc]", s
         }
         const auto closed = co_await stream.close_write();
         REQUIRE_FALSE(closed);
-        while (true) {
+        while (true) { // both forms of read(): copied out, and viewed in place
             byte_buffer m;
-            const auto ec = co_await stream.read(m);
+            byte_view body;
+            std::error_code ec;
+            if (replies.size() % 2 == 0) {
+                ec = co_await stream.read(m);
+                body = m;
+            } else {
+                ec = co_await stream.read(m, body);
+            }
             if (ec) {
                 final_status = ec == asio::error::eof ? std::error_code{} : ec;
                 break;
             }
-            binary_reader r(m);
+            binary_reader r(body);
             replies.push_back(r.read<std::uint64_t>());
+            CHECK(r.finish() == std::error_code{});
         }
 
         net::call_stream refused;
@@ -335,6 +349,7 @@ TEMPLATE_TEST_CASE("streaming calls: upload, download and echo", "[net][rpc]", s
     CHECK_FALSE(final_status);
     REQUIRE(replies.size() == 3);
     CHECK(replies[0] == expected);
+    CHECK(replies[1] == expected + 1);
     CHECK(replies[2] == expected + 2);
     CHECK(refused_status == errc::invalid_argument);
 }

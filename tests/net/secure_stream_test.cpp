@@ -120,6 +120,7 @@ std::vector<byte_buffer> test_messages(std::uint64_t seed) {
         messages.push_back(pattern(size, seed + size));
     for (std::size_t i = 0; i < 300; ++i) // many small records share each read
         messages.push_back(pattern(i % 97, seed * 1000 + i));
+    messages.push_back(pattern((1 << 20) + 5, seed + 7)); // a large one after many small
     return messages;
 }
 
@@ -130,8 +131,19 @@ asio::awaitable<void> send_all(secure_stream<Socket>& stream,
     // unevaluated branch, and g++ 12 mis-compiles co_await there.
     std::error_code ec;
     if (one_write) {
-        const std::vector<byte_view> views(messages.begin(), messages.end());
+        // The first half whole, the second as heads (a few bytes) followed by bodies.
+        const std::size_t half = messages.size() / 2;
+        const std::vector<byte_view> views(messages.begin(), messages.begin() + half);
         ec = co_await stream.write(views);
+        CHECK_FALSE(ec);
+        std::vector<byte_view> heads, bodies;
+        for (std::size_t i = half; i < messages.size(); ++i) {
+            const byte_view whole = messages[i];
+            const std::size_t cut = std::min<std::size_t>(whole.size(), i % 4);
+            heads.push_back(whole.first(cut));
+            bodies.push_back(whole.subspan(cut));
+        }
+        ec = co_await stream.write(heads, bodies);
         CHECK_FALSE(ec);
     } else {
         for (const auto& message : messages) {

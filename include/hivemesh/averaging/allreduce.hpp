@@ -145,12 +145,6 @@ asio::awaitable<void> offload(const std::optional<asio::any_io_executor>& execut
     if (failure) std::rethrow_exception(failure);
 }
 
-inline bool all_finite(std::span<const float> values) noexcept {
-    for (const float v : values)
-        if (!std::isfinite(v)) return false;
-    return true;
-}
-
 /// Element ranges of the members' spans, in member order.
 struct span_range {
     std::size_t begin = 0;
@@ -315,9 +309,10 @@ private:
         std::vector<float> sums;
         std::vector<double> part_weight;
         std::vector<std::vector<bool>> part_contributors;
-        std::vector<byte_buffer> results; ///< encoded result messages, until all written
-        std::size_t ready = 0;            ///< parts averaged (always a prefix)
-        std::size_t trimmed = 0;          ///< results freed (a prefix)
+        /// Encoded result messages, one buffer written to every sender, until all written.
+        std::vector<std::shared_ptr<const byte_buffer>> results;
+        std::size_t ready = 0;   ///< parts averaged (always a prefix)
+        std::size_t trimmed = 0; ///< results freed (a prefix)
         wakeup progress;
 
         // Sending to the others.
@@ -468,7 +463,8 @@ private:
                         tensor::flatten_to(r.tensors, r.owned);
                         r.local = r.owned;
                     }
-                    if (!detail::all_finite(r.local)) bad_values = errc::invalid_argument;
+                    if (!compression::detail::all_finite(r.local))
+                        bad_values = errc::invalid_argument;
                 };
                 co_await detail::offload(r.st->compute, prepare);
             }
@@ -596,8 +592,10 @@ private:
         }
 
         bool part_complete(std::size_t p) const {
+            // A part being added counts even if its sender failed meanwhile: its values are
+            // in the sums, and its weight and contributor bit follow once the addition ends.
             for (const auto& s : senders)
-                if (s.expected && !s.failed && s.next_part <= p) return false;
+                if (s.expected && s.next_part <= p && (!s.failed || s.busy)) return false;
             return true;
         }
 
@@ -629,7 +627,7 @@ private:
             if (ec) log::warning("allreduce", "part ", p, " not averaged: ", ec.message());
             if (part_weight[p] > 0 && !ec) {
                 outcomes[me][p].contributors = part_contributors[p];
-                results[p] = std::move(message);
+                results[p] = std::make_shared<const byte_buffer>(std::move(message));
             }
             ++ready;
             trim_results();
@@ -643,7 +641,7 @@ private:
             for (const auto& s : senders)
                 if (s.connected && !s.writer_done) low = std::min(low, s.written);
             for (; trimmed < low; ++trimmed)
-                byte_buffer().swap(results[trimmed]);
+                results[trimmed].reset();
         }
 
         void fail_sender(std::size_t j, errc why) {
@@ -707,14 +705,9 @@ private:
                 const std::size_t offset = range.begin - r.spans[r.me].begin;
                 std::error_code refused;
                 auto add = [&] {
-                    values.resize(range.size);
-                    refused = compression::decompress_into(part.payload, values);
-                    if (!refused && !detail::all_finite(values)) refused = errc::protocol_violation;
-                    if (refused) return;
-                    const auto w = static_cast<float>(s.weight);
-                    float* sum = r.sums.data() + offset;
-                    for (std::size_t i = 0; i < range.size; ++i)
-                        sum[i] += w * values[i];
+                    refused = compression::decompress_add(
+                        part.payload, std::span(r.sums).subspan(offset, range.size),
+                        static_cast<float>(s.weight), values);
                 };
                 s.busy = true;
                 co_await detail::offload(r.st->reduce, add);
@@ -740,9 +733,9 @@ private:
             while (s.written < parts) {
                 while (r.ready <= s.written && !s.failed && !r.aborted)
                     co_await s.results_ready->wait();
-                if (s.failed || r.aborted || r.results[s.written].empty()) break;
-                byte_buffer message = r.results[s.written];
-                r.result.bytes_sent += message.size();
+                if (s.failed || r.aborted || !r.results[s.written]) break;
+                auto message = r.results[s.written];
+                r.result.bytes_sent += message->size();
                 r.result.values_sent += r.part_range(r.me, s.written).size;
                 const auto ec = co_await stream.write(std::move(message));
                 if (ec) break;
@@ -798,30 +791,45 @@ private:
 
         static asio::awaitable<void> send_parts(std::shared_ptr<round> self, std::size_t k,
                                                 net::call_stream& stream) {
+            using namespace asio::experimental::awaitable_operators;
             auto& r = *self;
             auto& slot = r.reducers[k];
             const std::size_t parts = r.parts_of(k);
+            // A pipeline: part p + 1 is compressed while part p is being written.
+            byte_buffer next;
+            std::size_t next_part = 0;
+            std::error_code packed;
+            auto pack = [&] {
+                const auto range = r.part_range(k, next_part);
+                next.clear();
+                encode_part_head(next, static_cast<std::uint32_t>(next_part));
+                packed = compression::compress_into(r.st->options.codec,
+                                                    r.local.subspan(range.begin, range.size), next,
+                                                    r.st->options.codec_options);
+            };
+            if (parts > 0) co_await detail::offload(r.st->compute, pack);
             for (std::size_t p = 0; p < parts; ++p) {
                 if (r.hooks().before_send) co_await r.sleep(r.hooks().before_send(k, p));
-                if (r.aborted || !slot.active) co_return;
-                const auto range = r.part_range(k, p);
-                byte_buffer message;
-                encode_part_head(message, static_cast<std::uint32_t>(p));
-                std::error_code ec;
-                auto pack = [&] {
-                    ec = compression::compress_into(r.st->options.codec,
-                                                    r.local.subspan(range.begin, range.size),
-                                                    message, r.st->options.codec_options);
-                };
-                co_await detail::offload(r.st->compute, pack);
-                if (ec || r.aborted || !slot.active) {
+                if (packed || r.aborted || !slot.active) {
                     stream.cancel(errc::cancelled);
                     co_return;
                 }
+                byte_buffer message = std::move(next);
+                next = byte_buffer();
                 r.result.bytes_sent += message.size();
-                r.result.values_sent += range.size;
+                r.result.values_sent += r.part_range(k, p).size;
                 slot.last_progress = r.now();
-                if (auto ec_write = co_await stream.write(std::move(message))) co_return;
+                std::error_code written;
+                if (p + 1 < parts) {
+                    next_part = p + 1;
+                    // Named: no temporaries inside co_await (see CONTRIBUTING.md).
+                    auto writing = stream.write(std::move(message));
+                    auto packing = detail::offload(r.st->compute, pack);
+                    written = co_await (std::move(writing) && std::move(packing));
+                } else {
+                    written = co_await stream.write(std::move(message));
+                }
+                if (written) co_return;
                 slot.last_progress = r.now();
             }
             co_await stream.close_write();
@@ -836,8 +844,9 @@ private:
             std::size_t p = 0;
             std::error_code why;
             for (; p < parts; ++p) {
-                byte_buffer message;
-                if (auto ec = co_await stream.read(message)) {
+                byte_buffer storage;
+                byte_view message;
+                if (auto ec = co_await stream.read(storage, message)) {
                     why = ec;
                     break;
                 }
@@ -853,11 +862,8 @@ private:
                 const auto range = r.part_range(k, p);
                 std::error_code refused;
                 auto apply = [&] {
-                    values.resize(range.size);
-                    refused = compression::decompress_into(part.payload, values);
-                    if (!refused && !detail::all_finite(values)) refused = errc::protocol_violation;
-                    if (!refused)
-                        std::copy(values.begin(), values.end(), r.local.begin() + range.begin);
+                    refused = compression::decompress_finite_into(
+                        part.payload, r.local.subspan(range.begin, range.size), values);
                 };
                 slot.busy = true;
                 co_await detail::offload(r.st->compute, apply);

@@ -7,6 +7,10 @@
 #include "hivemesh/core/binary.hpp"
 #include "hivemesh/core/error.hpp"
 
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstring>
 #include <span>
 #include <system_error>
 #include <vector>
@@ -73,7 +77,12 @@ inline std::error_code compress_into(kind k, std::span<const float> values, byte
         out.reserve(start + detail::header_size + payload);
         binary_writer writer(out);
         detail::write_header(writer, {k, opts.original, values.size()});
-        detail::encode(k, values, params, writer.grow(payload));
+        if (k == kind::none && params.threads <= 1) { // one copy, without zero-filling first
+            const auto* bytes = reinterpret_cast<const std::byte*>(values.data());
+            out.insert(out.end(), bytes, bytes + payload);
+        } else {
+            detail::encode(k, values, params, writer.grow(payload));
+        }
     } catch (...) {
         out.resize(start);
         throw;
@@ -108,6 +117,66 @@ inline std::error_code decompress_into(byte_view buffer, std::span<float> out,
     if (!reader.ok()) return reader.error();
     if (h.count != out.size()) return errc::size_mismatch;
     return detail::decode(h.codec, reader, out, lim.threads);
+}
+
+namespace detail {
+
+/// Decodes `buffer` (which must hold `n` elements), checks every value is finite, then calls
+/// apply(value_at) where value_at(i) is element i. A `none` payload is read where it is;
+/// other codecs decode into `scratch`.
+template <class Apply>
+std::error_code decode_finite(byte_view buffer, std::size_t n, std::vector<float>& scratch,
+                              const limits& lim, Apply&& apply) {
+    binary_reader reader(buffer);
+    const header h = read_header(reader, lim.max_elements);
+    if (!reader.ok()) return reader.error();
+    if (h.count != n) return errc::size_mismatch;
+    if (h.codec == kind::none) {
+        const byte_view bytes = reader.read_bytes(4 * n);
+        if (auto ec = reader.finish()) return ec;
+        const std::byte* raw = bytes.data();
+        const auto value_at = [raw](std::size_t i) {
+            float v;
+            std::memcpy(&v, raw + 4 * i, sizeof v);
+            return v;
+        };
+        std::uint32_t largest = 0; // of the magnitudes' bit patterns: branch-free, vectorises
+        for (std::size_t i = 0; i < n; ++i)
+            largest = std::max(largest, std::bit_cast<std::uint32_t>(value_at(i)) & 0x7FFFFFFFu);
+        if (largest >= 0x7F800000u) return errc::non_finite_input;
+        apply(value_at);
+        return {};
+    }
+    scratch.resize(n);
+    if (auto ec = decode(h.codec, reader, scratch, lim.threads)) return ec;
+    if (!all_finite(scratch)) return errc::non_finite_input;
+    const float* values = scratch.data();
+    apply([values](std::size_t i) { return values[i]; });
+    return {};
+}
+
+} // namespace detail
+
+/// As decompress_into, and refuses a buffer holding NaN or infinity (non_finite_input), as
+/// values from an untrusted peer must be. On error `out` is unchanged. `scratch` is working
+/// memory for codecs other than `none` (whose values are copied straight from `buffer`).
+inline std::error_code decompress_finite_into(byte_view buffer, std::span<float> out,
+                                              std::vector<float>& scratch, const limits& lim = {}) {
+    return detail::decode_finite(buffer, out.size(), scratch, lim, [out](auto value_at) {
+        for (std::size_t i = 0; i < out.size(); ++i)
+            out[i] = value_at(i);
+    });
+}
+
+/// Adds `scale` times each decoded value of `buffer` to `sum` (a weighted reduction without
+/// a temporary for `none`). Errors and `scratch` as decompress_finite_into; on error `sum`
+/// is unchanged.
+inline std::error_code decompress_add(byte_view buffer, std::span<float> sum, float scale,
+                                      std::vector<float>& scratch, const limits& lim = {}) {
+    return detail::decode_finite(buffer, sum.size(), scratch, lim, [sum, scale](auto value_at) {
+        for (std::size_t i = 0; i < sum.size(); ++i)
+            sum[i] += scale * value_at(i);
+    });
 }
 
 /// Non-throwing decompress(): returns an empty vector and sets `ec` on error.

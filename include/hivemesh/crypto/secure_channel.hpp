@@ -360,6 +360,22 @@ public:
     std::error_code seal(byte_view head, byte_view body, std::span<std::byte> record) {
         return seal_record(record_type::data, head, body, record);
     }
+    /// Plaintext mode only (else std::logic_error): writes the first payload_offset bytes
+    /// of the record for a payload of `payload_size` bytes into `prefix`, which must be
+    /// exactly that long, so the payload can be sent from where it is (a gather write)
+    /// instead of being copied behind it. Errors as seal().
+    std::error_code seal_plaintext_prefix(std::size_t payload_size, std::span<std::byte> prefix) {
+        if (suite() != cipher::plaintext)
+            throw std::logic_error("hivemesh::crypto::record_sealer: a prefix alone is only "
+                                   "sealed in plaintext mode");
+        if (prefix.size() != payload_offset)
+            throw std::invalid_argument("hivemesh::crypto::record_sealer: prefix span must be "
+                                        "exactly payload_offset bytes");
+        bool rotate = false;
+        if (auto ec = begin_record(record_type::data, payload_size, prefix, rotate)) return ec;
+        end_record(record_type::data, payload_size, rotate);
+        return {};
+    }
     /// Seals the close record (record_size(0) bytes). After it, seal() fails.
     std::error_code seal_close(std::span<std::byte> record) {
         return seal_record(record_type::close, {}, {}, record);
@@ -395,44 +411,59 @@ private:
     std::error_code seal_record(record_type type, byte_view head, byte_view payload,
                                 std::span<std::byte> record) {
         if (!cipher_.valid()) throw std::logic_error("hivemesh: use of a moved-from record_sealer");
-        if (closed_) return errc::connection_closed;
         const std::size_t payload_size = head.size() + payload.size();
-        if (payload_size > max_payload_size()) return errc::message_too_large;
-        if (record.size() != record_size(payload_size))
+        if (!closed_ && payload_size <= max_payload_size() &&
+            record.size() != record_size(payload_size))
             throw std::invalid_argument("hivemesh::crypto::record_sealer: record span must be "
                                         "exactly record_size(payload.size()) bytes");
-        // 2^64 records cannot be sent in practice; refuse rather than reuse a nonce.
-        if (counter_ == std::numeric_limits<std::uint64_t>::max())
-            return errc::length_limit_exceeded;
-
-        const bool secure = suite() != cipher::plaintext;
-        const bool rotate_after = secure && type == record_type::data &&
-                                  (records_under_key_ + 1 >= rekey_records_ ||
-                                   payload_size >= rekey_bytes_ - bytes_under_key_);
-        const std::size_t body_size = 1 + payload_size + tag_size();
-        detail::write_le32(record.data(), static_cast<std::uint32_t>(body_size));
-        record[header_size] = static_cast<std::byte>(
-            static_cast<std::uint8_t>(type) | (rotate_after ? detail::record_key_update_flag : 0));
+        bool rotate = false;
+        const auto prefix = record.first(std::min(record.size(), payload_offset));
+        if (auto ec = begin_record(type, payload_size, prefix, rotate)) return ec;
         if (!head.empty()) std::memcpy(record.data() + payload_offset, head.data(), head.size());
         if (!payload.empty())
             std::memmove(record.data() + payload_offset + head.size(), payload.data(),
                          payload.size());
-        if (secure) {
+        if (suite() != cipher::plaintext) {
             auto* text = detail::uchars(record.data() + header_size);
             cipher_.seal(text, 1 + payload_size, text + 1 + payload_size,
                          detail::uchars(record.data()), header_size, counter_);
         }
+        end_record(type, payload_size, rotate);
+        return {};
+    }
+
+    /// Checks that a record may be sealed and writes its length and type byte into
+    /// `prefix` (payload_offset bytes); `rotate` tells whether the key rotates after it.
+    std::error_code begin_record(record_type type, std::size_t payload_size,
+                                 std::span<std::byte> prefix, bool& rotate) {
+        if (!cipher_.valid()) throw std::logic_error("hivemesh: use of a moved-from record_sealer");
+        if (closed_) return errc::connection_closed;
+        if (payload_size > max_payload_size()) return errc::message_too_large;
+        // 2^64 records cannot be sent in practice; refuse rather than reuse a nonce.
+        if (counter_ == std::numeric_limits<std::uint64_t>::max())
+            return errc::length_limit_exceeded;
+        rotate = suite() != cipher::plaintext && type == record_type::data &&
+                 (records_under_key_ + 1 >= rekey_records_ ||
+                  payload_size >= rekey_bytes_ - bytes_under_key_);
+        detail::write_le32(prefix.data(),
+                           static_cast<std::uint32_t>(1 + payload_size + tag_size()));
+        prefix[header_size] = static_cast<std::byte>(static_cast<std::uint8_t>(type) |
+                                                     (rotate ? detail::record_key_update_flag : 0));
+        return {};
+    }
+
+    /// Counts a sealed record and rotates the key when it is due.
+    void end_record(record_type type, std::size_t payload_size, bool rotate) {
         ++counter_;
         ++records_under_key_;
         bytes_under_key_ += payload_size;
-        if (rotate_after) {
+        if (rotate) {
             cipher_.rotate();
             records_under_key_ = 0;
             bytes_under_key_ = 0;
             ++generation_;
         }
         if (type == record_type::close) closed_ = true;
-        return {};
     }
 
     detail::record_cipher cipher_;

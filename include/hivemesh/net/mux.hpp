@@ -33,6 +33,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -54,6 +55,18 @@ struct mux_options {
     std::size_t frame_payload = 64u << 10;
     /// Bytes gathered into one write to the secure channel.
     std::size_t max_batch_bytes = 256u << 10;
+};
+
+/// A message for mux_stream::send, sent without copying: an optional one-byte prefix (the
+/// RPC layer's reply tag) followed by a body that is either owned or shared with other
+/// sends (one buffer to many streams).
+struct mux_message {
+    std::optional<std::byte> prefix;
+    byte_buffer body;
+    std::shared_ptr<const byte_buffer> shared_body; ///< sent instead of `body` when set
+
+    byte_view body_view() const noexcept { return shared_body ? *shared_body : byte_view(body); }
+    std::size_t size() const noexcept { return (prefix ? 1 : 0) + body_view().size(); }
 };
 
 /// Counters of one connection, for monitoring, tests and benchmarks.
@@ -117,14 +130,15 @@ struct stream_state {
     std::deque<byte_buffer> inbox; ///< complete messages for the application
     std::size_t inbox_bytes = 0;
     byte_buffer partial;        ///< the message being assembled
+    std::size_t last_size = 0;  ///< of the last message that took several frames
     std::uint64_t received = 0; ///< payload bytes received
     std::uint64_t credited = 0; ///< ... of which credited back to the sender
     bool remote_ended = false;
 
     // Sending.
     struct outgoing {
-        byte_buffer message;
-        std::size_t offset = 0;
+        mux_message message;
+        std::size_t offset = 0; ///< bytes of the message (prefix included) already framed
         bool end_stream = false;
         bool bare = false; ///< no message: only ends the stream
     };
@@ -177,6 +191,8 @@ public:
     /// limit), connection_closed, the peer's reset code, invalid_argument after the end;
     /// cancellation of the awaiting coroutine resets the stream (errc::cancelled).
     asio::awaitable<std::error_code> send(byte_buffer message, bool end_stream = false);
+    /// The same for a prefixed or shared message (see mux_message).
+    asio::awaitable<std::error_code> send(mux_message message, bool end_stream = false);
 
     /// Ends our side without a message. Errors as send().
     asio::awaitable<std::error_code> end();
@@ -293,7 +309,7 @@ private:
 
     // ---- sending -------------------------------------------------------------------
 
-    asio::awaitable<std::error_code> send(const stream_ptr& s, byte_buffer message, bool end_stream,
+    asio::awaitable<std::error_code> send(const stream_ptr& s, mux_message message, bool end_stream,
                                           bool bare = false) {
         // After the peer's clean end it reads nothing more: a send can only be cancelled.
         if (s->finished && !s->failure && !s->send_failure) s->send_failure = errc::cancelled;
@@ -380,6 +396,7 @@ private:
     std::size_t take_frame(const stream_ptr& s, std::vector<byte_buffer>& heads,
                            std::vector<byte_view>& bodies, std::vector<stream_ptr>& completed) {
         auto& out = s->outbox.front();
+        const std::size_t lead = out.message.prefix ? 1 : 0;
         const std::size_t remaining = out.message.size() - out.offset;
         const std::size_t chunk = std::min<std::size_t>(
             {remaining, options_.frame_payload,
@@ -392,11 +409,18 @@ private:
         s->open_sent = true;
 
         byte_buffer head;
-        head.reserve(detail::data_header_size);
+        head.reserve(detail::data_header_size + 1);
         binary_writer w(head);
         write_data_header(w, s->id, flags);
+        // The frame carries bytes [offset, offset + chunk) of prefix + body: the prefix
+        // travels in the head.
+        std::size_t from = out.offset;
+        if (from < lead && chunk > 0) {
+            head.push_back(*out.message.prefix);
+            ++from;
+        }
         heads.push_back(std::move(head));
-        bodies.push_back(byte_view(out.message).subspan(out.offset, chunk));
+        bodies.push_back(out.message.body_view().subspan(from - lead, out.offset + chunk - from));
         out.offset += chunk;
         s->send_window -= static_cast<std::int64_t>(chunk);
         stats_.payload_sent += chunk;
@@ -531,11 +555,22 @@ private:
             reset(s, errc::message_too_large);
             return {};
         }
+        // A message in several frames is probably as large as the last such one (a bulk
+        // transfer's parts): room for it at once saves regrowing copies. At most a window,
+        // so a stream never holds more than its window ahead.
+        if (s->partial.empty() && (f.flags & frame_flags::end_message) == 0)
+            s->partial.reserve(
+                std::clamp<std::size_t>(s->last_size, f.payload.size(), options_.initial_window));
         s->partial.insert(s->partial.end(), f.payload.begin(), f.payload.end());
         buffered_ += f.payload.size();
         stats_.payload_received += f.payload.size();
         stats_.peak_buffered = std::max(stats_.peak_buffered, buffered_);
         if (f.flags & frame_flags::end_message) {
+            if (s->partial.size() > f.payload.size()) {
+                s->last_size = s->partial.size();
+                // A smaller message than guessed gives the room back rather than hold it.
+                if (s->partial.capacity() > 2 * s->partial.size()) s->partial.shrink_to_fit();
+            }
             s->inbox_bytes += s->partial.size();
             s->inbox.push_back(std::move(s->partial));
             s->partial = {};
@@ -719,7 +754,7 @@ private:
     mux_statistics stats_;
 
     std::deque<byte_buffer> control_;
-    std::vector<byte_buffer> retired_; ///< messages out of their outbox, viewed by the write
+    std::vector<mux_message> retired_; ///< messages out of their outbox, viewed by the write
     std::deque<stream_ptr> ready_;
     std::deque<std::shared_ptr<detail::wakeup>> open_waiters_;
     std::deque<std::shared_ptr<detail::wakeup>> settings_waiters_;
@@ -736,6 +771,11 @@ inline const crypto::peer_id& mux_stream::remote() const noexcept {
 }
 
 inline asio::awaitable<std::error_code> mux_stream::send(byte_buffer message, bool end_stream) {
+    mux_message whole{std::nullopt, std::move(message), nullptr}; // named: see CONTRIBUTING.md
+    co_return co_await send(std::move(whole), end_stream);
+}
+
+inline asio::awaitable<std::error_code> mux_stream::send(mux_message message, bool end_stream) {
     if (!state_) co_return errc::invalid_argument;
     co_return co_await connection_->send(state_, std::move(message), end_stream);
 }
@@ -747,7 +787,8 @@ inline asio::awaitable<std::error_code> mux_stream::receive(byte_buffer& message
 
 inline asio::awaitable<std::error_code> mux_stream::end() {
     if (!state_) co_return errc::invalid_argument;
-    co_return co_await connection_->send(state_, {}, true, true);
+    mux_message nothing;
+    co_return co_await connection_->send(state_, std::move(nothing), true, true);
 }
 
 inline void mux_stream::reset(errc code) {

@@ -93,8 +93,14 @@ public:
 
     /// Sends one message. Errors as mux_stream::send.
     asio::awaitable<std::error_code> write(byte_buffer message) {
-        if (!caller_) message = encode_reply(reply_tag::data, message);
-        co_return co_await stream_.send(std::move(message));
+        mux_message out = framed(std::move(message), nullptr); // named: see CONTRIBUTING.md
+        co_return co_await stream_.send(std::move(out));
+    }
+    /// The same for a buffer shared with other writes (e.g. one result to many peers);
+    /// it is not copied and must not change until the write completes.
+    asio::awaitable<std::error_code> write(std::shared_ptr<const byte_buffer> message) {
+        mux_message out = framed({}, std::move(message));
+        co_return co_await stream_.send(std::move(out));
     }
 
     /// Caller only: no more messages from this side.
@@ -104,10 +110,24 @@ public:
     /// status is returned as the error (and kept in status()).
     asio::awaitable<std::error_code> read(byte_buffer& message) {
         if (!caller_) co_return co_await stream_.receive(message);
+        byte_buffer raw;
+        byte_view body;
+        const auto ec = co_await read(raw, body);
+        if (!ec) message.assign(body.begin(), body.end());
+        co_return ec;
+    }
+
+    /// As read(message), without copying: the message is `body`, a view into `storage`.
+    asio::awaitable<std::error_code> read(byte_buffer& storage, byte_view& body) {
+        body = {};
+        if (!caller_) {
+            const auto ec = co_await stream_.receive(storage);
+            if (!ec) body = storage;
+            co_return ec;
+        }
         while (true) {
             if (ended_) co_return status_ ? status_ : std::error_code(asio::error::eof);
-            byte_buffer raw;
-            if (auto ec = co_await stream_.receive(raw)) {
+            if (auto ec = co_await stream_.receive(storage)) {
                 if (ec == asio::error::eof) { // ended without a reply or status
                     ended_ = true;
                     status_ = errc::protocol_violation;
@@ -115,7 +135,7 @@ public:
                 co_return ec == asio::error::eof ? status_ : ec;
             }
             reply_message reply;
-            if (auto ec = decode_reply(raw, reply)) {
+            if (auto ec = decode_reply(storage, reply)) {
                 stream_.reset(errc::protocol_violation);
                 co_return ec;
             }
@@ -126,7 +146,7 @@ public:
             }
             if (reply.tag == reply_tag::reply) ended_ = true;
             if (reply.tag == reply_tag::reply && reply.body.empty()) continue;
-            message.assign(reply.body.begin(), reply.body.end());
+            body = reply.body;
             co_return std::error_code{};
         }
     }
@@ -139,6 +159,13 @@ public:
     mux_stream& stream() noexcept { return stream_; }
 
 private:
+    /// The callee's messages carry the reply tag in front.
+    mux_message framed(byte_buffer body, std::shared_ptr<const byte_buffer> shared) const {
+        mux_message message{std::nullopt, std::move(body), std::move(shared)};
+        if (!caller_) message.prefix = static_cast<std::byte>(reply_tag::data);
+        return message;
+    }
+
     mux_stream stream_;
     bool caller_ = false;
     bool ended_ = false;

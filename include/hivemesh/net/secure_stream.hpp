@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace hivemesh::net {
 
@@ -99,7 +100,9 @@ public:
 
     /// Sends each message as one record; all records of the call are sealed into one
     /// reusable buffer and go out in a single asio::async_write (batch small messages
-    /// here; the buffer grows to the largest batch). `messages` must stay valid until
+    /// here; the buffer grows to the largest batch; in plaintext mode only the records'
+    /// prefixes are copied and the messages go out from where they are, in one gather
+    /// write). `messages` must stay valid until
     /// completion. Errors: message_too_large (a message over the record limit; nothing is
     /// sent and the stream stays usable), connection_closed (after shutdown()), the
     /// transport's error (sticky: later writes return it). Cancel with close().
@@ -126,6 +129,8 @@ public:
             total += sealer.record_size(size);
         }
         if (total == 0) co_return std::error_code{};
+        if (sealer.suite() == crypto::cipher::plaintext)
+            co_return co_await write_plaintext(heads, bodies);
         if (write_buffer_.size() < total) write_buffer_.resize(total);
         std::size_t offset = 0;
         for (std::size_t i = 0; i < bodies.size(); ++i) {
@@ -246,6 +251,36 @@ private:
         co_return std::error_code{};
     }
 
+    /// Plaintext records need no sealing: only their prefixes and the (small) heads are
+    /// copied, the bodies go out from where they are in one gather write.
+    asio::awaitable<std::error_code> write_plaintext(std::span<const byte_view> heads,
+                                                     std::span<const byte_view> bodies) {
+        constexpr std::size_t prefix_size = crypto::record_sealer::payload_offset;
+        auto& sealer = session_->sealer;
+        std::size_t front_bytes = 0;
+        for (std::size_t i = 0; i < bodies.size(); ++i)
+            front_bytes += prefix_size + (heads.empty() ? 0 : heads[i].size());
+        if (write_buffer_.size() < front_bytes) write_buffer_.resize(front_bytes);
+        gather_.clear();
+        std::size_t offset = 0;
+        for (std::size_t i = 0; i < bodies.size(); ++i) {
+            const byte_view head = heads.empty() ? byte_view() : heads[i];
+            const auto front = std::span(write_buffer_).subspan(offset, prefix_size + head.size());
+            // Cannot fail: sizes and the closed state were checked by write().
+            throw_if_error(sealer.seal_plaintext_prefix(head.size() + bodies[i].size(),
+                                                        front.first(prefix_size)),
+                           "hivemesh::net::secure_stream::write");
+            if (!head.empty()) std::memcpy(front.data() + prefix_size, head.data(), head.size());
+            gather_.emplace_back(front.data(), front.size());
+            if (!bodies[i].empty()) gather_.emplace_back(bodies[i].data(), bodies[i].size());
+            offset += front.size();
+        }
+        std::error_code ec;
+        co_await asio::async_write(stream_, gather_, asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) write_error_ = ec;
+        co_return ec;
+    }
+
     asio::awaitable<std::error_code> send(std::size_t size) {
         std::error_code ec;
         co_await asio::async_write(stream_, asio::buffer(write_buffer_.data(), size),
@@ -316,6 +351,7 @@ private:
     std::size_t read_begin_ = 0;
     std::size_t read_end_ = 0;
     byte_buffer write_buffer_;
+    std::vector<asio::const_buffer> gather_; ///< a plaintext write's pieces
     std::error_code read_error_;
     std::error_code write_error_;
 };
