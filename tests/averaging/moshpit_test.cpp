@@ -1,10 +1,9 @@
 // Moshpit rounds on the simulated network: groups by key, the real butterfly all-reduce in
 // every group at once, then the group-key rotation. N = M^d peers reach the exact global
-// mean after d rounds; random groups shrink the variance every round.
-#include "net/test_support.hpp"
-#include "net/worlds.hpp"
+// mean after d rounds; random groups shrink the variance every round; a peer that crashes
+// before a round is averaged around and takes part again after a restart.
+#include "averaging/moshpit_swarm.hpp"
 
-#include <hivemesh/averaging/allreduce.hpp>
 #include <hivemesh/averaging/group_key.hpp>
 #include <hivemesh/averaging/load_balancing.hpp>
 #include <hivemesh/core/random.hpp>
@@ -12,9 +11,6 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <deque>
-#include <map>
-#include <memory>
 #include <vector>
 
 namespace hivemesh::test {
@@ -22,120 +18,28 @@ namespace {
 
 using averaging::group_bits;
 
-struct moshpit_swarm {
-    using rpc_type = net::node<net::sim::transport>;
-    using service_type = averaging::allreduce_service<net::sim::transport>;
+/// Every peer finished its round in time, without error, averaging everything.
+void require_clean(const moshpit_swarm::round_report& report) {
+    REQUIRE(report.finished);
+    CHECK(report.errors == 0);
+    CHECK(report.min_fraction == 1.0);
+}
 
-    struct peer {
-        net::sim::transport* transport = nullptr;
-        std::unique_ptr<rpc_type> rpc;
-        std::unique_ptr<service_type> service;
-        net::sim::endpoint endpoint{};
-        std::vector<float> values;
-        group_bits bits;
-    };
+/// One Moshpit round: groups by key (each of `expected_group_size`), then the rotation.
+void moshpit_round(moshpit_swarm& swarm, std::uint64_t round, std::size_t expected_group_size) {
+    const auto groups = swarm.key_groups();
+    for (const auto& members : groups)
+        REQUIRE(members.size() == expected_group_size);
+    const auto report = swarm.average(groups, round);
+    require_clean(report);
+    swarm.rotate(groups, report.ids);
+}
 
-    sim_world world;
-    std::deque<peer> peers;
-    std::size_t size;
-
-    moshpit_swarm(std::size_t count, std::size_t elements, std::uint64_t seed)
-        : size(elements) {
-        random_generator rng(seed);
-        averaging::allreduce_options options;
-        options.part_size_bytes = 4000;
-        for (std::size_t i = 0; i < count; ++i) {
-            auto& p = peers.emplace_back();
-            p.transport = &world.add_host();
-            std::array<std::byte, 32> key{};
-            for (auto& b : key)
-                b = static_cast<std::byte>(rng() & 0xFF);
-            p.rpc = std::make_unique<rpc_type>(*p.transport, crypto::identity::from_seed(key));
-            p.endpoint = world.listen(*p.rpc, *p.transport);
-            p.service = std::make_unique<service_type>(*p.rpc, options);
-            p.values.resize(elements);
-            for (auto& v : p.values)
-                v = static_cast<float>(rng.normal());
-        }
-    }
-
-    std::vector<double> global_mean() const {
-        std::vector<double> mean(size, 0.0);
-        for (const auto& p : peers)
-            for (std::size_t e = 0; e < size; ++e)
-                mean[e] += p.values[e];
-        for (auto& m : mean)
-            m /= static_cast<double>(peers.size());
-        return mean;
-    }
-
-    /// Mean over elements of the variance across peers.
-    double variance() const {
-        const auto mean = global_mean();
-        double total = 0;
-        for (const auto& p : peers)
-            for (std::size_t e = 0; e < size; ++e)
-                total += (p.values[e] - mean[e]) * (p.values[e] - mean[e]);
-        return total / static_cast<double>(peers.size() * size);
-    }
-
-    /// Averages within each group (lists of peer indices, in group order) at once, weight 1,
-    /// spans by load balancing with equal bandwidths; returns the groups' ids.
-    std::vector<averaging::group_id> average(const std::vector<std::vector<std::size_t>>& groups,
-                                             std::uint64_t round) {
-        std::vector<averaging::group_id> ids;
-        std::size_t pending = 0;
-        for (const auto& members : groups) {
-            averaging::group_info<net::sim::endpoint> group;
-            random_generator id_source(round * 1'000'003 + members.front());
-            for (auto& b : group.id)
-                b = static_cast<std::byte>(id_source() & 0xFF);
-            for (const auto i : members)
-                group.members.push_back({{peers[i].rpc->id(), peers[i].endpoint}, {}, 0, {}});
-            const std::vector<double> bandwidths(members.size(), 1.0);
-            const auto spans = averaging::load_balance(size, bandwidths);
-            for (std::size_t index = 0; index < members.size(); ++index) {
-                auto& p = peers[members[index]];
-                ++pending;
-                p.service->async_allreduce(
-                    group, index, spans, std::span<float>(p.values), 1.0, 60s,
-                    [&pending](std::error_code ec, averaging::allreduce_result r) {
-                        CHECK_FALSE(ec);
-                        CHECK(r.fraction_averaged() == 1.0);
-                        --pending;
-                    });
-            }
-            ids.push_back(group.id);
-        }
-        REQUIRE(world.run_until([&] { return pending == 0; }, 3600s));
-        return ids;
-    }
-
-    /// One Moshpit round: groups are the peers sharing a key, ordered by index; afterwards
-    /// every member rotates its key with its group's id.
-    void moshpit_round(std::uint64_t round, std::size_t expected_group_size) {
-        std::map<group_bits, std::vector<std::size_t>> by_key;
-        for (std::size_t i = 0; i < peers.size(); ++i)
-            by_key[peers[i].bits].push_back(i);
-        std::vector<std::vector<std::size_t>> groups;
-        for (auto& [bits, members] : by_key) {
-            REQUIRE(members.size() == expected_group_size);
-            groups.push_back(members);
-        }
-        const auto ids = average(groups, round);
-        for (std::size_t g = 0; g < groups.size(); ++g)
-            for (std::size_t index = 0; index < groups[g].size(); ++index) {
-                auto& p = peers[groups[g][index]];
-                p.bits = averaging::rotate(p.bits, ids[g], index, groups[g].size());
-            }
-    }
-
-    void require_at_mean(const std::vector<double>& mean) const {
-        for (const auto& p : peers)
-            for (std::size_t e = 0; e < size; ++e)
-                REQUIRE(std::abs(p.values[e] - mean[e]) <= 1e-5 * (1.0 + std::abs(mean[e])));
-    }
-};
+void require_at_mean(const moshpit_swarm& swarm, const std::vector<double>& mean) {
+    for (const auto& p : swarm.peers)
+        for (std::size_t e = 0; e < swarm.size; ++e)
+            REQUIRE(std::abs(p.values[e] - mean[e]) <= 1e-5 * (1.0 + std::abs(mean[e])));
+}
 
 void run_grid(std::size_t m, std::size_t d) {
     std::size_t n = 1;
@@ -148,10 +52,10 @@ void run_grid(std::size_t m, std::size_t d) {
     const auto mean = swarm.global_mean();
     for (std::size_t round = 0; round < d; ++round) {
         INFO("round " << round);
-        swarm.moshpit_round(round, m);
+        moshpit_round(swarm, round, m);
         if (round + 1 < d) CHECK(swarm.variance() > 1e-6); // not there yet
     }
-    swarm.require_at_mean(mean);
+    require_at_mean(swarm, mean);
 }
 
 } // namespace
@@ -170,15 +74,7 @@ TEST_CASE("moshpit: random groups of 4 shrink the variance every round", "[moshp
     const auto mean = swarm.global_mean();
     double before = swarm.variance();
     for (std::uint64_t round = 0; round < 4; ++round) {
-        std::vector<std::size_t> order(swarm.peers.size());
-        for (std::size_t i = 0; i < order.size(); ++i)
-            order[i] = i;
-        rng.shuffle(std::span<std::size_t>(order));
-        std::vector<std::vector<std::size_t>> groups;
-        for (std::size_t i = 0; i < order.size(); i += 4)
-            groups.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(i),
-                                order.begin() + static_cast<std::ptrdiff_t>(i + 4));
-        swarm.average(groups, round);
+        require_clean(swarm.average(random_partition(swarm.peers.size(), 4, rng), round));
         const double after = swarm.variance();
         INFO("round " << round << ": " << before << " -> " << after);
         CHECK(after < before);
@@ -187,6 +83,63 @@ TEST_CASE("moshpit: random groups of 4 shrink the variance every round", "[moshp
     // Averaging never moves the global mean.
     const auto now = swarm.global_mean();
     for (std::size_t e = 0; e < now.size(); ++e)
+        REQUIRE(std::abs(now[e] - mean[e]) <= 1e-5);
+}
+
+TEST_CASE("moshpit: a peer that crashes before a round keeps its values, its group averages "
+          "without it, and after a restart it takes part again",
+          "[moshpit][faults]") {
+    const std::size_t n = 16, m = 4, size = 1001;
+    moshpit_swarm swarm(n, size, 7);
+    for (std::size_t i = 0; i < n; ++i)
+        swarm.peers[i].bits = group_bits(i % (n / m), 2);
+    const auto mean = swarm.global_mean();
+    const auto groups = swarm.key_groups();
+    const std::size_t victim_index = 1;
+    const auto& group = groups.front();
+    const std::size_t victim = group[victim_index];
+    std::vector<std::vector<float>> before;
+    for (const auto& p : swarm.peers)
+        before.push_back(p.values);
+
+    swarm.crash(victim);
+    const auto report = swarm.average(groups, 0);
+    REQUIRE(report.finished);
+    CHECK(report.started == n - 1);
+    CHECK(report.errors == 0);
+    CHECK(swarm.peers[victim].values == before[victim]);
+    // The victim's span stayed local for the survivors; the rest is the mean of the three.
+    const auto spans = averaging::load_balance(size, std::vector<double>(m, 1.0));
+    std::size_t span_begin = 0;
+    for (std::size_t k = 0; k < victim_index; ++k)
+        span_begin += spans[k];
+    const std::size_t span_end = span_begin + spans[victim_index];
+    CHECK(report.min_fraction ==
+          static_cast<double>(size - spans[victim_index]) / static_cast<double>(size));
+    for (const auto i : group) {
+        if (i == victim) continue;
+        INFO("peer " << i);
+        for (std::size_t e = 0; e < size; ++e) {
+            if (e >= span_begin && e < span_end) {
+                REQUIRE(swarm.peers[i].values[e] == before[i][e]);
+                continue;
+            }
+            double survivors = 0;
+            for (const auto j : group)
+                if (j != victim) survivors += before[j][e];
+            survivors /= static_cast<double>(m - 1);
+            REQUIRE(std::abs(swarm.peers[i].values[e] - survivors) <= 1e-5);
+        }
+    }
+    swarm.rotate(groups, report.ids);
+
+    // Back with the same identity and endpoint: the next round runs without a gap.
+    swarm.restart(victim);
+    const auto next = swarm.key_groups();
+    require_clean(swarm.average(next, 1));
+    // Averaging subsets never moves the global mean, crash or not.
+    const auto now = swarm.global_mean();
+    for (std::size_t e = 0; e < size; ++e)
         REQUIRE(std::abs(now[e] - mean[e]) <= 1e-5);
 }
 

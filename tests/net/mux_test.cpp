@@ -67,6 +67,19 @@ asio::awaitable<void> poll_until(asio::io_context& io, Predicate done) {
     }
 }
 
+/// Every message on `s` until the peer ends it; any other error fails the test.
+asio::awaitable<std::vector<byte_buffer>> receive_until_end(mux_stream& s) {
+    std::vector<byte_buffer> got;
+    while (true) {
+        byte_buffer m;
+        const auto ec = co_await s.receive(m);
+        if (ec == asio::error::eof) break;
+        REQUIRE_FALSE(ec);
+        got.push_back(std::move(m));
+    }
+    co_return got;
+}
+
 /// Two multiplexed connections over an in-memory channel.
 struct mux_pair {
     asio::io_context io;
@@ -150,14 +163,7 @@ TEST_CASE("messages of every size cross a stream both ways", "[net][mux]") {
         co_await poll_until(pair.io, [&] { return !pair.incoming_b.empty(); });
         mux_stream s = std::move(pair.incoming_b.front());
         CHECK(s.remote() == fake_id(1));
-        std::vector<byte_buffer> got;
-        while (true) {
-            byte_buffer m;
-            const auto ec = co_await s.receive(m);
-            if (ec == asio::error::eof) break;
-            REQUIRE_FALSE(ec);
-            got.push_back(std::move(m));
-        }
+        std::vector<byte_buffer> got = co_await receive_until_end(s);
         REQUIRE(got.size() == sizes.size());
         for (std::size_t i = 0; i < got.size(); ++i) {
             const std::error_code ec = co_await s.send(std::move(got[i]), i + 1 == got.size());
@@ -211,14 +217,8 @@ TEST_CASE("prefixed and shared messages arrive whole, across frames, on every st
     auto reader = spawn(pair.io, [&]() -> asio::awaitable<void> {
         co_await poll_until(pair.io, [&] { return pair.incoming_b.size() >= 2; });
         for (auto& s : pair.incoming_b) {
-            auto& got = received.emplace_back();
-            while (true) {
-                byte_buffer m;
-                const auto ec = co_await s.receive(m);
-                if (ec == asio::error::eof) break;
-                REQUIRE_FALSE(ec);
-                got.push_back(std::move(m));
-            }
+            auto got = co_await receive_until_end(s);
+            received.push_back(std::move(got));
         }
     });
     pair.run(first);

@@ -371,9 +371,9 @@ public:
         if (prefix.size() != payload_offset)
             throw std::invalid_argument("hivemesh::crypto::record_sealer: prefix span must be "
                                         "exactly payload_offset bytes");
-        bool rotate = false;
-        if (auto ec = begin_record(record_type::data, payload_size, prefix, rotate)) return ec;
-        end_record(record_type::data, payload_size, rotate);
+        if (auto ec = check_record(payload_size)) return ec;
+        end_record(record_type::data, payload_size,
+                   write_prefix(record_type::data, payload_size, prefix));
         return {};
     }
     /// Seals the close record (record_size(0) bytes). After it, seal() fails.
@@ -410,15 +410,12 @@ private:
     /// Seals `head` followed by `payload` (`head` empty when the payload is whole).
     std::error_code seal_record(record_type type, byte_view head, byte_view payload,
                                 std::span<std::byte> record) {
-        if (!cipher_.valid()) throw std::logic_error("hivemesh: use of a moved-from record_sealer");
         const std::size_t payload_size = head.size() + payload.size();
-        if (!closed_ && payload_size <= max_payload_size() &&
-            record.size() != record_size(payload_size))
+        if (auto ec = check_record(payload_size)) return ec;
+        if (record.size() != record_size(payload_size))
             throw std::invalid_argument("hivemesh::crypto::record_sealer: record span must be "
                                         "exactly record_size(payload.size()) bytes");
-        bool rotate = false;
-        const auto prefix = record.first(std::min(record.size(), payload_offset));
-        if (auto ec = begin_record(type, payload_size, prefix, rotate)) return ec;
+        const bool rotate = write_prefix(type, payload_size, record.first(payload_offset));
         if (!head.empty()) std::memcpy(record.data() + payload_offset, head.data(), head.size());
         if (!payload.empty())
             std::memmove(record.data() + payload_offset + head.size(), payload.data(),
@@ -432,24 +429,28 @@ private:
         return {};
     }
 
-    /// Checks that a record may be sealed and writes its length and type byte into
-    /// `prefix` (payload_offset bytes); `rotate` tells whether the key rotates after it.
-    std::error_code begin_record(record_type type, std::size_t payload_size,
-                                 std::span<std::byte> prefix, bool& rotate) {
+    /// Whether a record of `payload_size` bytes may be sealed now.
+    std::error_code check_record(std::size_t payload_size) const {
         if (!cipher_.valid()) throw std::logic_error("hivemesh: use of a moved-from record_sealer");
         if (closed_) return errc::connection_closed;
         if (payload_size > max_payload_size()) return errc::message_too_large;
         // 2^64 records cannot be sent in practice; refuse rather than reuse a nonce.
         if (counter_ == std::numeric_limits<std::uint64_t>::max())
             return errc::length_limit_exceeded;
-        rotate = suite() != cipher::plaintext && type == record_type::data &&
-                 (records_under_key_ + 1 >= rekey_records_ ||
-                  payload_size >= rekey_bytes_ - bytes_under_key_);
+        return {};
+    }
+
+    /// Writes the record's length and type byte into `prefix` (payload_offset bytes);
+    /// returns whether the key rotates after this record.
+    bool write_prefix(record_type type, std::size_t payload_size, std::span<std::byte> prefix) {
+        const bool rotate = suite() != cipher::plaintext && type == record_type::data &&
+                            (records_under_key_ + 1 >= rekey_records_ ||
+                             payload_size >= rekey_bytes_ - bytes_under_key_);
         detail::write_le32(prefix.data(),
                            static_cast<std::uint32_t>(1 + payload_size + tag_size()));
         prefix[header_size] = static_cast<std::byte>(static_cast<std::uint8_t>(type) |
                                                      (rotate ? detail::record_key_update_flag : 0));
-        return {};
+        return rotate;
     }
 
     /// Counts a sealed record and rotates the key when it is due.

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -30,6 +31,20 @@
 #include <vector>
 
 namespace hivemesh::net {
+
+namespace detail {
+
+/// A completion condition for asio::async_write that writes everything, like
+/// asio::transfer_all(), without its 64 KiB cap per write_some: capped, a bulk transfer
+/// costs a syscall and a wake-up of the peer every 64 KiB (4x the sendmsg calls of an
+/// all-reduce round); uncapped, one sendmsg takes whatever the kernel's send buffer holds.
+struct transfer_all_uncapped {
+    std::size_t operator()(const std::error_code& error, std::size_t) const noexcept {
+        return error ? 0 : std::numeric_limits<std::size_t>::max();
+    }
+};
+
+} // namespace detail
 
 /// Secure session over an owned `Stream`, which must be an Asio AsyncReadStream and
 /// AsyncWriteStream with get_executor() and close(std::error_code&).
@@ -275,15 +290,19 @@ private:
             if (!bodies[i].empty()) gather_.emplace_back(bodies[i].data(), bodies[i].size());
             offset += front.size();
         }
-        std::error_code ec;
-        co_await asio::async_write(stream_, gather_, asio::redirect_error(asio::use_awaitable, ec));
-        if (ec) write_error_ = ec;
-        co_return ec;
+        co_return co_await send_buffers(gather_);
     }
 
     asio::awaitable<std::error_code> send(std::size_t size) {
+        const auto bytes = asio::buffer(write_buffer_.data(), size); // named: CONTRIBUTING.md
+        co_return co_await send_buffers(bytes);
+    }
+
+    /// Writes all of `buffers`; a failure sticks.
+    template <class ConstBufferSequence>
+    asio::awaitable<std::error_code> send_buffers(const ConstBufferSequence& buffers) {
         std::error_code ec;
-        co_await asio::async_write(stream_, asio::buffer(write_buffer_.data(), size),
+        co_await asio::async_write(stream_, buffers, detail::transfer_all_uncapped{},
                                    asio::redirect_error(asio::use_awaitable, ec));
         if (ec) write_error_ = ec;
         co_return ec;
