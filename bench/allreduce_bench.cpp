@@ -392,7 +392,8 @@ int hivemesh_child(const options& o) {
     net::node_options node_options;
     node_options.security.plaintext = o.plaintext;
     if (o.mux_window) node_options.mux.initial_window = static_cast<std::uint32_t>(o.mux_window);
-    if (o.frame_payload) node_options.mux.frame_payload = o.frame_payload;
+    if (o.frame_payload)
+        node_options.mux.frame_payload = node_options.mux.encrypted_frame_payload = o.frame_payload;
     if (o.mux_batch) node_options.mux.max_batch_bytes = o.mux_batch;
     net::node<transport_type> rpc(transport, crypto::identity::generate(), node_options);
     auto listener = transport.listen(asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(), 0));

@@ -22,6 +22,9 @@ run_suite() { # name, then extra cmake arguments
   (cd "${root}/${name}" && ctest --output-on-failure -j "${jobs}")
 }
 
+# ccache keys on paths relative to the checkout, so a fresh clone elsewhere (CI) reuses
+# what an earlier build of the same sources compiled.
+export CCACHE_BASEDIR="${PWD}" CCACHE_NOHASHDIR=true
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1
 run_suite gcc-asan -DCMAKE_CXX_COMPILER=g++ -DHIVEMESH_SANITIZE=address,undefined

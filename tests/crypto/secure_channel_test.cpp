@@ -953,3 +953,63 @@ TEST_CASE("a plaintext record's prefix alone, then its payload, equals the seale
     byte_buffer short_prefix(record_sealer::payload_offset - 1);
     CHECK_THROWS_AS(fresh.seal_plaintext_prefix(1, short_prefix), std::invalid_argument);
 }
+
+TEST_CASE("a plaintext record opens from its prefix as it does whole", "[crypto][secure_channel]") {
+    std::array<std::byte, 32> key_bytes{};
+    key_bytes.fill(std::byte{0x42});
+    const symmetric_key key(key_bytes);
+    record_sealer sealer(cipher::plaintext, key);
+    record_opener whole(cipher::plaintext, key), by_prefix(cipher::plaintext, key);
+    for (const std::size_t size : {1, 7, 1000, 65536}) {
+        CAPTURE(size);
+        const auto payload = pattern(size, size);
+        byte_buffer record;
+        REQUIRE_FALSE(sealer.append(payload, record));
+        for (const std::size_t head : {std::size_t{0}, std::size_t{1}, size}) {
+            CAPTURE(head);
+            record_type type{};
+            std::span<std::byte> opened;
+            byte_buffer copy = record;
+            REQUIRE_FALSE(whole.open(copy, type, opened));
+            std::span<std::byte> head_bytes;
+            record_type prefix_type{};
+            const auto prefix = std::span(record).first(5 + head);
+            REQUIRE_FALSE(by_prefix.open_prefix(prefix, record.size(), prefix_type, head_bytes));
+            CHECK(prefix_type == type);
+            CHECK(head_bytes.data() == record.data() + 5); // a view of the prefix
+            CHECK(
+                byte_buffer(head_bytes.begin(), head_bytes.end()) ==
+                byte_buffer(payload.begin(), payload.begin() + static_cast<std::ptrdiff_t>(head)));
+            CHECK(by_prefix.records_opened() == whole.records_opened());
+        }
+    }
+    // The same type checks as open(): a close record with a payload, an unknown type, a
+    // key update (plaintext has no keys); each error sticks.
+    for (const std::uint8_t type_byte : {1, 2, 0x80}) {
+        CAPTURE(int{type_byte});
+        record_opener opener(cipher::plaintext, key);
+        byte_buffer record = {std::byte{3},         std::byte{0}, std::byte{0}, std::byte{0},
+                              std::byte{type_byte}, std::byte{7}, std::byte{7}};
+        record_type type{};
+        std::span<std::byte> head;
+        CHECK(opener.open_prefix(std::span(record).first(6), record.size(), type, head) ==
+              errc::protocol_violation);
+        CHECK(opener.open_prefix(std::span(record).first(6), record.size(), type, head) ==
+              errc::protocol_violation);
+    }
+    record_opener opener(cipher::plaintext, key);
+    byte_buffer record;
+    REQUIRE_FALSE(sealer.append(pattern(100, 1), record));
+    record_type type{};
+    std::span<std::byte> head;
+    // Misuse: a prefix without the type byte or longer than the record, a wrong record
+    // size, an encrypted suite (its records authenticate only whole).
+    CHECK_THROWS_AS(opener.open_prefix(std::span(record).first(4), record.size(), type, head),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(opener.open_prefix(record, record.size() - 1, type, head),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(opener.open_prefix(std::span(record).first(10), record.size() + 1, type, head),
+                    std::invalid_argument);
+    record_opener secure(cipher::chacha20_poly1305, key);
+    CHECK_THROWS_AS(secure.open_prefix(record, record.size(), type, head), std::logic_error);
+}

@@ -1,7 +1,8 @@
 // libFuzzer target: crypto::record_opener on an arbitrary incoming byte stream, in plaintext,
 // ChaCha20-Poly1305 and AES-256-GCM mode (the first input byte picks the mode). Every input
 // must be opened record by record or refused with an error code; sanitizers catch the rest.
-// Plaintext records that open must re-seal to the same bytes. make_corpus.cpp seeds valid
+// Plaintext records that open must re-seal to the same bytes, and open from a prefix with
+// the same verdict (record_opener::open_prefix). make_corpus.cpp seeds valid
 // streams sealed with the same key (record_key_byte) and limit (max_record_size).
 #include <hivemesh/crypto/secure_channel.hpp>
 
@@ -27,6 +28,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     options.max_record_size = max_record_size;
     record_opener opener(suite, key, options);
     record_sealer resealer(cipher::plaintext, key, options);
+    // Plaintext records are also opened from a prefix, as a placed read does: same verdicts.
+    record_opener by_prefix(suite, key, options);
 
     // Opened in place, so the stream is a mutable copy.
     hivemesh::byte_buffer stream(size - 1);
@@ -43,7 +46,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         hivemesh::byte_buffer original(record.begin(), record.end());
         record_type type{};
         std::span<std::byte> payload;
+        record_type prefix_type{};
+        std::span<std::byte> head;
+        std::error_code prefix_ec;
+        if (suite == cipher::plaintext) {
+            const std::size_t header = record_opener::header_size;
+            const std::size_t prefix_size = header + 1 + offset % (record_size - header);
+            prefix_ec = by_prefix.open_prefix(record.first(prefix_size), record_size,
+                                              prefix_type, head);
+        }
         ec = opener.open(record, type, payload);
+        if (suite == cipher::plaintext &&
+            (prefix_ec != ec ||
+             (!ec && (prefix_type != type || head.data() != payload.data() ||
+                      head.size() > payload.size()))))
+            std::abort();
         if (ec) break;
         if (payload.data() < record.data() || payload.size() > record.size()) std::abort();
         if (suite == cipher::plaintext) {

@@ -5,8 +5,14 @@
 #include <hivemesh/net/mux.hpp>
 
 #include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
 
 #include <deque>
+#include <functional>
 #include <memory>
 
 namespace hivemesh::test {
@@ -58,6 +64,34 @@ public:
         record = current_;
         co_return std::error_code{};
     }
+
+    /// With `placing` set, every record longer than the head is offered to `place`, as a
+    /// plaintext secure stream offers large ones; the rest is copied into the span it
+    /// returns after a turn of the event loop, as a socket read would complete later.
+    asio::awaitable<std::error_code> read_placed(byte_view& record, std::size_t head_size,
+                                                 const placement& place,
+                                                 std::size_t& placed) override {
+        placed = 0;
+        if (auto ec = co_await read(record)) co_return ec;
+        if (!placing || record.size() <= head_size) co_return std::error_code{};
+        const std::size_t rest = record.size() - head_size;
+        const std::span<std::byte> target = place(record.first(head_size), rest);
+        if (target.empty()) co_return std::error_code{};
+        ++placements;
+        if (on_placed) on_placed();
+        const auto executor = co_await asio::this_coro::executor;
+        co_await asio::post(executor, asio::use_awaitable);
+        if (state_->closed) co_return make_error_code(errc::connection_closed);
+        std::copy(record.begin() + static_cast<std::ptrdiff_t>(head_size), record.end(),
+                  target.begin());
+        record = record.first(head_size);
+        placed = rest;
+        co_return std::error_code{};
+    }
+
+    bool placing = false;            ///< offer records to read_placed()'s placement
+    std::size_t placements = 0;      ///< records whose rest went to a placement
+    std::function<void()> on_placed; ///< called when a placement is taken, before the copy
 
     void close() noexcept override {
         state_->closed = true;

@@ -89,9 +89,18 @@ struct mux_pair {
     std::error_code closed_a, closed_b;
     bool a_closed = false, b_closed = false;
 
-    explicit mux_pair(net::mux_options options_a = {}, net::mux_options options_b = {}) {
+    memory_channel* channel_a = nullptr; ///< owned by `a`
+    memory_channel* channel_b = nullptr; ///< owned by `b`
+
+    /// `placing`: both channels offer records to the multiplexers' placement, as a
+    /// plaintext secure stream does with large ones.
+    explicit mux_pair(net::mux_options options_a = {}, net::mux_options options_b = {},
+                      bool placing = false) {
         auto [end_a, end_b] = memory_channel::make_pair(io.get_executor());
         wire = end_a->state();
+        channel_a = end_a.get();
+        channel_b = end_b.get();
+        channel_a->placing = channel_b->placing = placing;
         a = std::make_shared<mux_connection>(io.get_executor(), std::move(end_a), fake_id(2), true,
                                              options_a);
         b = std::make_shared<mux_connection>(io.get_executor(), std::move(end_b), fake_id(1), false,
@@ -130,11 +139,14 @@ struct mux_pair {
 } // namespace
 
 TEST_CASE("messages of every size cross a stream both ways", "[net][mux]") {
+    const bool placing = GENERATE(false, true);
+    CAPTURE(placing);
     net::mux_options options;
-    options.initial_window = 256 << 10; // messages larger than the window must still flow
-    mux_pair pair(options, options);
-    const std::vector<std::size_t> sizes = {
-        0, 1, 100, 64 << 10, (64 << 10) + 1, 1 << 20, (3 << 20) + 7};
+    options.initial_window = 512 << 10; // messages larger than the window must still flow
+    mux_pair pair(options, options, placing);
+    const std::size_t frame = options.frame_payload;
+    const std::vector<std::size_t> sizes = {0,     1,         100,     frame - 1,
+                                            frame, frame + 1, 1 << 20, (3 << 20) + 7};
     byte_buffer hello_seen;
     auto client = spawn(pair.io, [&]() -> asio::awaitable<void> {
         mux_stream s;
@@ -175,13 +187,18 @@ TEST_CASE("messages of every size cross a stream both ways", "[net][mux]") {
     CHECK(as_string_view(hello_seen) == "hello from b");
     CHECK(pair.a->stream_count() == 0);
     CHECK(pair.b->stream_count() == 0);
+    // Every data frame but the one that opens the stream goes straight to its message.
+    if (placing) CHECK(pair.channel_b->placements > 0);
+    if (placing) CHECK(pair.channel_a->placements > 0);
 }
 
 TEST_CASE("prefixed and shared messages arrive whole, across frames, on every stream",
           "[net][mux]") {
+    const bool placing = GENERATE(false, true);
+    CAPTURE(placing);
     net::mux_options options;
     options.frame_payload = 1000; // every message but the empty ones spans several frames
-    mux_pair pair(options, options);
+    mux_pair pair(options, options, placing);
     const auto shared = std::make_shared<const byte_buffer>(pattern(4321, 7));
     const auto joined = [](std::optional<std::byte> prefix, byte_view body) {
         byte_buffer out;
@@ -228,6 +245,56 @@ TEST_CASE("prefixed and shared messages arrive whole, across frames, on every st
     CHECK(received[0] == expected);
     CHECK(received[1] == expected);
     CHECK(*shared == pattern(4321, 7));
+    if (placing) CHECK(pair.channel_b->placements > 0);
+}
+
+TEST_CASE("a stream that ends while a frame is being placed into it drops only that frame",
+          "[net][mux]") {
+    net::mux_options options;
+    options.frame_payload = 1000;
+    mux_pair pair(options, options, true);
+    const auto big = pattern(5000, 1), small = pattern(10, 2);
+    auto sender = [&](const byte_buffer& message) -> asio::awaitable<void> {
+        mux_stream s;
+        {
+            const std::error_code ec = co_await pair.a->open(s);
+            REQUIRE_FALSE(ec);
+        }
+        // The receiver may reset the stream before the message is out: either is fine.
+        const std::error_code ignored = co_await s.send(message, true);
+        (void)ignored;
+        byte_buffer none;
+        const std::error_code ended = co_await s.receive(none);
+        (void)ended;
+    };
+    // The first placement into stream 1 resets that stream before the bytes land.
+    pair.channel_b->on_placed = [&] {
+        pair.channel_b->on_placed = nullptr;
+        CHECK(pair.incoming_b.size() == 1);
+        if (!pair.incoming_b.empty()) pair.incoming_b.front().reset(errc::cancelled);
+    };
+    auto doomed = spawn(pair.io, sender(big));
+    pair.run([&] { return pair.channel_b->placements >= 1; });
+    pair.run(doomed);
+    // The connection is intact: a second stream carries its message whole, through
+    // placements too.
+    auto fine = spawn(pair.io, sender(big));
+    byte_buffer got;
+    auto reader = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        co_await poll_until(pair.io, [&] { return pair.incoming_b.size() >= 2; });
+        auto& s = pair.incoming_b.back();
+        const std::error_code ec = co_await s.receive(got);
+        REQUIRE_FALSE(ec);
+        const std::error_code sent = co_await s.send(small, true);
+        CHECK_FALSE(sent);
+    });
+    pair.run(reader);
+    pair.run(fine);
+    CHECK(got == big);
+    CHECK(pair.a->is_open());
+    CHECK(pair.b->is_open());
+    CHECK(pair.channel_b->placements >= 2);
+    CHECK(pair.b->statistics().peak_buffered <= big.size());
 }
 
 TEST_CASE("more streams than the peer allows wait for a free slot", "[net][mux]") {
@@ -638,7 +705,7 @@ TEST_CASE("hostile frames close the connection with a clear error", "[net][mux]"
          {data_frame(1, open | net::frame_flags::end_message | net::frame_flags::end_stream, 1),
           data_frame(1, end_message, 1)}},
         {"frame over the payload limit",
-         {data_frame(1, open, (64 << 10) + 1)},
+         {data_frame(1, open, net::mux_options{}.frame_payload + 1)},
          errc::message_too_large},
         {"second settings",
          {[] {

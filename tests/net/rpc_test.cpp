@@ -505,6 +505,63 @@ TEMPLATE_TEST_CASE("max_connections closes the least recently used idle connecti
         world.run_until([&] { return !remotes(*a.node).contains(server.node->id().to_string()); }));
 }
 
+TEMPLATE_TEST_CASE("messages of every size around the frame size cross exactly, in both security "
+                   "modes",
+                   "[net][rpc]", sim_world, tcp_world) {
+    // Plaintext sessions read large frames straight into the message (placement),
+    // encrypted ones through the read buffer: both must deliver every byte in order.
+    const bool plaintext = GENERATE(false, true);
+    CAPTURE(plaintext);
+    TestType world;
+    net::node_options options;
+    options.security.plaintext = plaintext;
+    host<TestType> server(world, 1, options), client(world, 2, options);
+    add_echo(server);
+    server.node->add_stream_handler(
+        "echo_stream",
+        [](const net::call_context&, net::call_stream& stream) -> asio::awaitable<std::error_code> {
+            while (true) {
+                byte_buffer m;
+                const auto ec = co_await stream.read(m);
+                if (ec == asio::error::eof) co_return std::error_code{};
+                if (ec) co_return ec;
+                if (auto written = co_await stream.write(std::move(m))) co_return written;
+            }
+        });
+    const std::size_t frame =
+        plaintext ? options.mux.frame_payload : options.mux.encrypted_frame_payload;
+    const std::vector<std::size_t> sizes = {
+        0, 1, 16 << 10, frame - 1, frame, frame + 1, 3 * frame + 5, 100, (2 << 20) + 3};
+    std::size_t echoed = 0;
+    auto done = spawn_flag(client.node->get_executor(), [&]() -> asio::awaitable<void> {
+        net::call_stream stream;
+        const auto opened =
+            co_await client.node->open_call(server.peer(), "echo_stream", 600s, stream);
+        REQUIRE_FALSE(opened);
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+            const auto written = co_await stream.write(pattern(sizes[i], i));
+            REQUIRE_FALSE(written);
+            byte_buffer back;
+            const auto read = co_await stream.read(back);
+            REQUIRE_FALSE(read);
+            CAPTURE(i, sizes[i]);
+            REQUIRE(back == pattern(sizes[i], i));
+            ++echoed;
+        }
+        const auto closed = co_await stream.close_write();
+        REQUIRE_FALSE(closed);
+        byte_buffer none;
+        const auto end = co_await stream.read(none);
+        CHECK(end == asio::error::eof);
+    });
+    // A unary call on the same connection meanwhile.
+    const auto small = call(world, *client.node, server.peer(), "echo", pattern(10, 99));
+    CHECK_FALSE(small.ec);
+    CHECK(small.response == pattern(10, 99));
+    REQUIRE(world.run_until([&] { return *done; }));
+    CHECK(echoed == sizes.size());
+}
+
 TEMPLATE_TEST_CASE("1 GiB streams through one call with bounded buffering", "[net][rpc]", sim_world,
                    tcp_world) {
     TestType world;

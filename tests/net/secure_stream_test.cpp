@@ -175,15 +175,75 @@ asio::awaitable<void> receive_all(secure_stream<Socket>& stream,
     CHECK(ec == asio::error::eof); // sticky
 }
 
+/// As receive_all, reading with placement (a head of 3 bytes): every other offer is taken,
+/// into a buffer of its own, the others declined. Encrypted records are never offered;
+/// plaintext ones are exactly when over min_placed_size bytes are still to come, so the
+/// large messages of test_messages() are, unless they happen to be buffered whole.
 template <class Socket>
-void exchange_everything(asio::io_context& context, connected<Socket>& ends, bool one_write) {
+asio::awaitable<void> receive_all_placing(secure_stream<Socket>& stream,
+                                          const std::vector<byte_buffer>& expected,
+                                          std::size_t& offers, std::size_t& taken) {
+    constexpr std::size_t head_size = 3;
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+        byte_buffer landed;
+        bool offered = false;
+        auto place = [&](byte_view head, std::size_t rest) -> std::span<std::byte> {
+            CHECK_FALSE(offered); // once per record
+            offered = true;
+            CHECK(head.size() == head_size);
+            CHECK(head.size() + rest == expected[i].size());
+            CHECK(same(head, byte_view(expected[i]).first(head_size)));
+            if (offers++ % 2 == 1) return {};
+            landed.assign(rest, std::byte{0xEE});
+            return landed;
+        };
+        byte_view message;
+        std::size_t placed = 99;
+        const auto ec = co_await stream.read(message, head_size, place, placed);
+        CAPTURE(i, ec.message());
+        REQUIRE_FALSE(ec);
+        if (placed > 0) {
+            ++taken;
+            REQUIRE(placed == landed.size());
+            REQUIRE(message.size() == head_size);
+            byte_buffer whole(message.begin(), message.end());
+            whole.insert(whole.end(), landed.begin(), landed.end());
+            CHECK(same(whole, expected[i]));
+        } else {
+            REQUIRE(message.size() == expected[i].size());
+            CHECK(same(message, expected[i]));
+        }
+    }
+    byte_view message;
+    std::size_t placed = 0;
+    auto never = [](byte_view, std::size_t) -> std::span<std::byte> { return {}; };
+    const auto ec = co_await stream.read(message, head_size, never, placed);
+    CHECK(ec == asio::error::eof);
+}
+
+template <class Socket>
+void exchange_everything(asio::io_context& context, connected<Socket>& ends, bool one_write,
+                         bool placing = false) {
     const auto to_listener = test_messages(1), to_dialer = test_messages(2);
+    std::size_t offers = 0, taken = 0;
     std::vector<asio::awaitable<void>> tasks;
     tasks.push_back(send_all(ends.dialer, to_listener, one_write));
-    tasks.push_back(receive_all(ends.listener, to_listener));
     tasks.push_back(send_all(ends.listener, to_dialer, one_write));
-    tasks.push_back(receive_all(ends.dialer, to_dialer));
+    if (placing) {
+        tasks.push_back(receive_all_placing(ends.listener, to_listener, offers, taken));
+        tasks.push_back(receive_all_placing(ends.dialer, to_dialer, offers, taken));
+    } else {
+        tasks.push_back(receive_all(ends.listener, to_listener));
+        tasks.push_back(receive_all(ends.dialer, to_dialer));
+    }
     run_all(context, std::move(tasks));
+    if (!placing) return;
+    if (ends.dialer.cipher() != cipher::plaintext) {
+        CHECK(offers == 0);
+    } else { // two messages of 1 MiB each way cannot all have been buffered whole
+        CHECK(offers >= 2);
+        CHECK(taken >= 1);
+    }
 }
 
 template <class Socket, class MakePair>
@@ -193,8 +253,9 @@ void check_round_trips(MakePair make_pair) {
         bool plaintext, aes;
     };
     for (const mode m : {mode{false, true}, mode{false, false}, mode{true, false}}) {
-        for (const bool one_write : {true, false}) {
-            CAPTURE(m.plaintext, m.aes, one_write);
+        for (const int variant : {0, 1, 2}) {
+            const bool one_write = variant == 0, placing = variant == 2;
+            CAPTURE(m.plaintext, m.aes, one_write, placing);
             asio::io_context context;
             auto [a, b] = make_pair(context);
             connected<Socket> ends{secure_stream<Socket>(std::move(a)),
@@ -215,7 +276,7 @@ void check_round_trips(MakePair make_pair) {
                                         : cipher::chacha20_poly1305;
             CHECK(ends.dialer.cipher() == expected);
             CHECK(ends.listener.cipher() == expected);
-            exchange_everything(context, ends, one_write);
+            exchange_everything(context, ends, one_write, placing);
         }
     }
 }
@@ -367,6 +428,63 @@ TEST_CASE("a stream that ends without a close record is truncated", "[net][secur
     run_all(context, std::move(tasks));
     CHECK_FALSE(first);
     CHECK(second == errc::connection_truncated);
+}
+
+TEST_CASE("a plaintext record cut off while placed is truncated, and the head survives",
+          "[net][secure_stream]") {
+    const auto alice = identity_of(1), bob = identity_of(2);
+    secure_options options;
+    options.plaintext = true;
+    for (const bool wrong_span : {false, true}) {
+        CAPTURE(wrong_span);
+        asio::io_context context;
+        auto [a, b] = unix_pair(context);
+        connected<unix_socket> ends{secure_stream<unix_socket>(std::move(a)),
+                                    secure_stream<unix_socket>(std::move(b))};
+        REQUIRE_FALSE(handshake_both(context, ends, alice, bob, options, options).first);
+        // A data record announcing 100,000 payload bytes, of which 30,000 arrive.
+        const std::size_t payload = 100'000, sent = 30'000;
+        byte_buffer raw = le32(static_cast<std::uint32_t>(1 + payload));
+        raw.push_back(std::byte{0}); // record_type::data
+        const auto body = pattern(sent, 5);
+        raw.insert(raw.end(), body.begin(), body.end());
+        byte_buffer landed;
+        std::error_code first, second;
+        bool threw = false;
+        const auto receive = [&]() -> asio::awaitable<void> {
+            auto place = [&](byte_view head, std::size_t rest) -> std::span<std::byte> {
+                CHECK(same(head, byte_view(body).first(8)));
+                landed.resize(wrong_span ? rest - 1 : rest);
+                return landed;
+            };
+            byte_view message;
+            std::size_t placed = 0;
+            try {
+                first = co_await ends.listener.read(message, 8, place, placed);
+            } catch (const std::logic_error&) {
+                threw = true;
+                co_return;
+            }
+            CHECK(placed == 0);
+            second = co_await ends.listener.read(message);
+        };
+        const auto send = [&]() -> asio::awaitable<void> {
+            co_await write_raw(ends.dialer.next_layer(), raw);
+            ends.dialer.close();
+        };
+        std::vector<asio::awaitable<void>> tasks;
+        tasks.push_back(send());
+        tasks.push_back(receive());
+        run_all(context, std::move(tasks));
+        if (wrong_span) {
+            CHECK(threw);
+            continue;
+        }
+        CHECK(first == errc::connection_truncated);
+        CHECK(second == errc::connection_truncated); // sticky
+        // What did arrive went straight to the placement.
+        CHECK(same(byte_view(landed).first(sent - 8), byte_view(body).subspan(8)));
+    }
 }
 
 TEST_CASE("the handshake fails promptly when the connection goes away", "[net][secure_stream]") {

@@ -533,26 +533,34 @@ public:
         if (secure && !cipher_.open(text, text_size, text + text_size,
                                     detail::uchars(record.data()), header_size, counter_))
             return fail(errc::authentication_failed);
-
-        const auto type_byte = static_cast<std::uint8_t>(record[header_size]);
-        const bool rotate_after = (type_byte & detail::record_key_update_flag) != 0;
-        const auto kind = static_cast<std::uint8_t>(type_byte & ~detail::record_key_update_flag);
-        if (kind == static_cast<std::uint8_t>(record_type::data)) {
-            if (rotate_after && !secure) return fail(errc::protocol_violation);
-            type = record_type::data;
-        } else if (kind == static_cast<std::uint8_t>(record_type::close)) {
-            if (rotate_after || text_size != 1) return fail(errc::protocol_violation);
-            type = record_type::close;
-            closed_ = true;
-        } else {
-            return fail(errc::protocol_violation);
-        }
-        ++counter_;
-        if (rotate_after) {
-            cipher_.rotate();
-            ++generation_;
-        }
+        if (const auto ec = accept(record[header_size], text_size, type)) return ec;
         payload = record.subspan(header_size + 1, text_size - 1);
+        return {};
+    }
+
+    /// Plaintext sessions only (else std::logic_error): opens a record of `record_size`
+    /// bytes (as peek() gave) from its first bytes, `prefix` (header, type byte and at most
+    /// the whole payload), while the rest of its payload is read elsewhere; nothing in a
+    /// plaintext payload needs checking. `payload` views the payload bytes in `prefix`.
+    /// Same checks, errors and counting as open().
+    std::error_code open_prefix(std::span<std::byte> prefix, std::size_t record_size,
+                                record_type& type, std::span<std::byte>& payload) {
+        if (!cipher_.valid()) throw std::logic_error("hivemesh: use of a moved-from record_opener");
+        if (suite() != cipher::plaintext)
+            throw std::logic_error("hivemesh::crypto::record_opener::open_prefix: plaintext only");
+        payload = {};
+        if (ec_) return ec_;
+        if (closed_) return fail(errc::protocol_violation);
+        if (prefix.size() <= header_size || prefix.size() > record_size)
+            throw std::invalid_argument("hivemesh::crypto::record_opener: prefix span must hold "
+                                        "the header, the type byte and at most the record");
+        const std::uint32_t length = detail::read_le32(prefix.data());
+        if (const auto ec = check_length(length)) return ec;
+        if (record_size != header_size + length)
+            throw std::invalid_argument("hivemesh::crypto::record_opener: record_size must be "
+                                        "the size peek() returned");
+        if (const auto ec = accept(prefix[header_size], length, type)) return ec;
+        payload = prefix.subspan(header_size + 1);
         return {};
     }
 
@@ -571,6 +579,29 @@ public:
 private:
     std::size_t tag_size() const noexcept {
         return suite() == cipher::plaintext ? 0 : detail::record_tag_size;
+    }
+    /// Checks an authentic record's type byte (its text is `text_size` bytes, type byte
+    /// included), counts the record and rotates the key when the sender said so.
+    std::error_code accept(std::byte type_byte, std::size_t text_size, record_type& type) {
+        const auto bits = static_cast<std::uint8_t>(type_byte);
+        const bool rotate_after = (bits & detail::record_key_update_flag) != 0;
+        const auto kind = static_cast<std::uint8_t>(bits & ~detail::record_key_update_flag);
+        if (kind == static_cast<std::uint8_t>(record_type::data)) {
+            if (rotate_after && suite() == cipher::plaintext) return fail(errc::protocol_violation);
+            type = record_type::data;
+        } else if (kind == static_cast<std::uint8_t>(record_type::close)) {
+            if (rotate_after || text_size != 1) return fail(errc::protocol_violation);
+            type = record_type::close;
+            closed_ = true;
+        } else {
+            return fail(errc::protocol_violation);
+        }
+        ++counter_;
+        if (rotate_after) {
+            cipher_.rotate();
+            ++generation_;
+        }
+        return {};
     }
     std::error_code check_length(std::uint32_t length) {
         if (length > max_record_size_) return fail(errc::message_too_large);

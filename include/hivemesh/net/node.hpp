@@ -187,6 +187,11 @@ public:
     asio::awaitable<std::error_code> read(byte_view& record) override {
         co_return co_await stream_.read(record);
     }
+    asio::awaitable<std::error_code> read_placed(byte_view& record, std::size_t head_size,
+                                                 const placement& place,
+                                                 std::size_t& placed) override {
+        co_return co_await stream_.read(record, head_size, place, placed);
+    }
     void close() noexcept override { stream_.close(); }
 
 private:
@@ -461,10 +466,14 @@ private:
             co_return ec;
         }
         const crypto::peer_id remote = stream.remote_id();
+        // Both ends negotiated the same cipher, so they agree on the frame size too.
+        mux_options mux = st->options.mux;
+        if (stream.cipher() != crypto::cipher::plaintext)
+            mux.frame_payload = mux.encrypted_frame_payload;
         auto connection = std::make_shared<mux_connection>(
             st->executor,
             std::make_unique<detail::secure_record_channel<stream_type>>(std::move(stream)), remote,
-            side == crypto::role::dialer, st->options.mux);
+            side == crypto::role::dialer, mux);
         if (st->options.max_connections > 0) make_room(st);
         st->connections[remote].push_back({connection, ~std::uint64_t{0}, ++st->use_clock});
         std::weak_ptr<state> weak = st;

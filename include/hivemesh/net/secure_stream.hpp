@@ -21,6 +21,7 @@
 #include <asio/write.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -174,26 +175,92 @@ public:
         message = {};
         if (!usable()) co_return read_error_;
         if (read_error_) co_return read_error_;
+        std::size_t record_size = 0;
+        auto ec = co_await next_record_size(record_size);
+        if (!ec) ec = co_await fill_record(record_size);
+        if (ec) co_return fail_read(ec);
+        co_return open_buffered(record_size, message);
+    }
+
+    /// As read(), but the payload of a large plaintext record may bypass the read buffer:
+    /// when at least min_placed_size bytes of a record are still to come and its first
+    /// `head_size` payload bytes are here, `place(head, rest)` is called with them and the
+    /// size of the rest of the payload. A span it returns (of exactly `rest` bytes, valid
+    /// until completion) receives the rest straight from the stream: `message` then views
+    /// the head only, and `placed` is `rest`. Otherwise (an empty span, an encrypted
+    /// session, whose records are authenticated whole, or a small or buffered record) this
+    /// is read() and `placed` is 0. Errors as read().
+    template <class Place>
+    asio::awaitable<std::error_code> read(byte_view& message, std::size_t head_size, Place& place,
+                                          std::size_t& placed) {
+        message = {};
+        placed = 0;
+        if (!usable()) co_return read_error_;
+        if (read_error_) co_return read_error_;
+        constexpr std::size_t header_size = crypto::record_opener::header_size;
         auto& opener = session_->opener;
         std::size_t record_size = 0;
-        auto ec = opener.peek(buffered(), record_size);
-        if (!ec && record_size == 0) {
-            ec = co_await fill(crypto::record_opener::header_size);
-            if (!ec) ec = opener.peek(buffered(), record_size);
+        auto ec = co_await next_record_size(record_size);
+        if (ec) co_return fail_read(ec);
+        const std::size_t prefix_size = header_size + 1 + head_size;
+        if (opener.suite() != crypto::cipher::plaintext || record_size <= prefix_size ||
+            record_size < buffered().size() + min_placed_size) {
+            if (auto error = co_await fill_record(record_size)) co_return fail_read(error);
+            co_return open_buffered(record_size, message);
         }
-        if (!ec) ec = co_await fill(record_size);
-        if (ec == asio::error::eof) ec = errc::connection_truncated;
+        ec = co_await fill_record(prefix_size);
         if (ec) co_return fail_read(ec);
-
         crypto::record_type type{};
-        std::span<std::byte> payload;
-        ec = opener.open(std::span(read_buffer_).subspan(read_begin_, record_size), type, payload);
+        std::span<std::byte> head;
+        ec = opener.open_prefix(std::span(read_buffer_).subspan(read_begin_, prefix_size),
+                                record_size, type, head);
         if (ec) co_return fail_read(ec);
-        consume(record_size);
-        if (type == crypto::record_type::close) co_return fail_read(asio::error::eof);
-        message = payload;
+        const std::size_t rest = record_size - prefix_size;
+        const std::span<std::byte> target = place(byte_view(head), rest);
+        if (target.empty()) { // declined: the record goes through the buffer, opened already
+            if (auto error = co_await fill_record(record_size)) co_return fail_read(error);
+            message = byte_view(read_buffer_)
+                          .subspan(read_begin_ + header_size + 1, record_size - header_size - 1);
+            consume(record_size);
+            co_return std::error_code{};
+        }
+        if (target.size() != rest)
+            throw std::logic_error("hivemesh::net::secure_stream::read: a placement must span "
+                                   "exactly the rest of the payload");
+        // What is buffered of the rest moves over. If more is to come, the (small) prefix
+        // moves to the front of the buffer and the bytes after this record land behind it,
+        // in one scatter read with the rest: a bulk transfer takes one syscall a record.
+        std::size_t got = std::min(rest, read_end_ - read_begin_ - prefix_size);
+        if (got > 0)
+            std::memcpy(target.data(), read_buffer_.data() + read_begin_ + prefix_size, got);
+        if (got < rest) {
+            std::memmove(read_buffer_.data(), read_buffer_.data() + read_begin_, prefix_size);
+            head = std::span(read_buffer_).subspan(header_size + 1, head_size);
+            read_begin_ = read_end_ = prefix_size;
+        } else {
+            read_begin_ += prefix_size + got;
+        }
+        while (got < rest) {
+            const std::array<asio::mutable_buffer, 2> buffers{
+                asio::buffer(target.data() + got, rest - got),
+                asio::buffer(read_buffer_.data() + read_end_, read_buffer_.size() - read_end_)};
+            std::error_code error;
+            const std::size_t n = co_await stream_.async_read_some(
+                buffers, asio::redirect_error(asio::use_awaitable, error));
+            const std::size_t into_target = std::min(n, rest - got);
+            got += into_target;
+            read_end_ += n - into_target;
+            if (error == asio::error::eof) error = errc::connection_truncated;
+            if (error) co_return fail_read(error);
+        }
+        message = head;
+        placed = rest;
         co_return std::error_code{};
     }
+
+    /// read() with placement reads records bypassing the buffer only when at least this
+    /// many of their bytes are still to come: below it, one buffered read is cheaper.
+    static constexpr std::size_t min_placed_size = 16 * 1024;
 
     /// Sends the close record, after which the peer's read() reports asio::error::eof and
     /// our write() fails with connection_closed. Does not close the stream: call close()
@@ -306,6 +373,36 @@ private:
                                    asio::redirect_error(asio::use_awaitable, ec));
         if (ec) write_error_ = ec;
         co_return ec;
+    }
+
+    /// The size of the next record (header included), reading its header if need be.
+    asio::awaitable<std::error_code> next_record_size(std::size_t& record_size) {
+        auto& opener = session_->opener;
+        auto ec = opener.peek(buffered(), record_size);
+        if (!ec && record_size == 0) {
+            ec = co_await fill_record(crypto::record_opener::header_size);
+            if (!ec) ec = opener.peek(buffered(), record_size);
+        }
+        co_return ec;
+    }
+
+    /// Opens the buffered record of `record_size` bytes at the read position.
+    std::error_code open_buffered(std::size_t record_size, byte_view& message) {
+        crypto::record_type type{};
+        std::span<std::byte> payload;
+        const auto ec = session_->opener.open(
+            std::span(read_buffer_).subspan(read_begin_, record_size), type, payload);
+        if (ec) return fail_read(ec);
+        consume(record_size);
+        if (type == crypto::record_type::close) return fail_read(asio::error::eof);
+        message = payload;
+        return {};
+    }
+
+    /// fill() for a record: the stream ending inside one is connection_truncated.
+    asio::awaitable<std::error_code> fill_record(std::size_t needed) {
+        const auto ec = co_await fill(needed);
+        co_return ec == asio::error::eof ? make_error_code(errc::connection_truncated) : ec;
     }
 
     /// Makes at least `needed` unread bytes available, reading as much as the buffer holds.
