@@ -40,6 +40,8 @@
 #include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
 
+#include "json.hpp"
+
 #ifdef HIVEMESH_HAVE_GLOO
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring.h>
@@ -953,30 +955,6 @@ cell run_cell(const options& o, const system_spec& s, std::size_t n) {
         c.status = e.what();
         return c;
     }
-}
-
-std::string json_string(const std::string& text) {
-    std::string out = "\"";
-    for (const char ch : text) {
-        if (ch == '"' || ch == '\\') {
-            out += '\\';
-            out += ch;
-        } else if (static_cast<unsigned char>(ch) < 0x20) {
-            char escaped[8];
-            std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(ch));
-            out += escaped;
-        } else {
-            out += ch;
-        }
-    }
-    return out + "\"";
-}
-
-std::string json_number(double v) {
-    if (!std::isfinite(v)) return "null";
-    char text[40];
-    std::snprintf(text, sizeof text, "%.6g", v);
-    return text;
 }
 
 struct target {

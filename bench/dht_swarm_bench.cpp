@@ -15,6 +15,7 @@
 // A multi-process row starts process 0, then the others bootstrapped to process 0's nodes;
 // every process stores its share of the keys and gets the keys the next process stored.
 #include "dht_swarm.hpp"
+#include "json.hpp"
 
 #include <hivemesh/core/clock.hpp>
 #include <hivemesh/core/log.hpp>
@@ -660,16 +661,6 @@ void print_table(const std::vector<row>& rows) {
                     r.note.c_str());
     }
     std::fflush(stdout);
-}
-
-std::string json_string(const std::string& s) {
-    std::string out = "\"";
-    for (const char c : s) {
-        if (c == '"' || c == '\\') out += '\\';
-        if (static_cast<unsigned char>(c) < 0x20) continue;
-        out += c;
-    }
-    return out + "\"";
 }
 
 void write_json(const std::string& path, const options& o, const std::vector<row>& rows) {

@@ -33,6 +33,7 @@
 // configuration over --max-connections per round is skipped and says so (plain all-reduce
 // of 1024 peers: 1,047,552 connections).
 #include "averaging/moshpit_swarm.hpp"
+#include "json.hpp"
 
 #include <hivemesh/averaging/allreduce.hpp>
 #include <hivemesh/averaging/group_key.hpp>
@@ -59,6 +60,8 @@
 namespace {
 
 using namespace hivemesh;
+using hivemesh::bench::json_number;
+using hivemesh::bench::json_string;
 using hivemesh::test::moshpit_swarm;
 using hivemesh::test::peer_groups;
 
@@ -428,28 +431,6 @@ std::string rounds_text(double r) {
     if (std::isinf(r)) return "not reached";
     char text[32];
     std::snprintf(text, sizeof text, r == std::floor(r) ? "%.0f" : "%.1f", r);
-    return text;
-}
-
-std::string json_string(const std::string& text) {
-    std::string out = "\"";
-    for (const char ch : text) {
-        if (ch == '"' || ch == '\\') out += '\\';
-        if (static_cast<unsigned char>(ch) < 0x20) {
-            char escaped[8];
-            std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(ch));
-            out += escaped;
-        } else {
-            out += ch;
-        }
-    }
-    return out + "\"";
-}
-
-std::string json_number(double v) {
-    if (!std::isfinite(v)) return "null";
-    char text[40];
-    std::snprintf(text, sizeof text, "%.6g", v);
     return text;
 }
 
