@@ -5,7 +5,8 @@
 //                 [--codec none|float16|blockwise_8bit] [--plaintext] [--base-port 29300]
 //                 [--json FILE] [--check]
 //
-// The parent starts one child process per peer (the same program with --rank) and prints,
+// The parent starts one child process per peer (the same program with --rank), starts each
+// round once every peer finished the last (a line on the children's stdin), and prints,
 // per round: the group sizes, the slowest peer's step time, the bytes sent, the throughput,
 // and how far the peers still are from the global mean (root mean square over peers and
 // elements; every peer starts with the values rank + a small pattern, so the mean is known
@@ -30,6 +31,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <future>
@@ -197,7 +199,13 @@ int run_peer(const options& o) {
             }
         }
         std::this_thread::sleep_for(1s); // let the routing tables fill
+        std::cout << "ready 1" << std::endl;
         for (std::size_t round = 1; round <= o.rounds; ++round) {
+            // Every peer starts round r together (the parent's "go"), so no fast peer groups
+            // with a slow one still in round r - 1: that breaks the Moshpit grid, and can
+            // leave a peer without a partner for its whole matchmaking window.
+            std::string go;
+            if (!std::getline(std::cin, go)) throw std::runtime_error("the parent went away");
             const auto start = std::chrono::steady_clock::now();
             std::ostringstream line;
             line << "round " << round << " rank " << rank;
@@ -263,14 +271,18 @@ int run_swarm(const options& o, const char* self) {
               << compression::to_string(o.codec) << (o.plaintext ? ", plaintext" : ", encrypted")
               << "\n";
     std::vector<pid_t> children;
-    std::vector<int> pipes;
+    std::vector<int> pipes;        ///< each child's stdout
+    std::vector<int> gos;          ///< each child's stdin: a line starts its next round
+    std::signal(SIGPIPE, SIG_IGN); // a child that died: its write fails instead
     for (std::size_t rank = 0; rank < o.peers; ++rank) {
-        int fds[2];
-        if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+        int fds[2], go[2];
+        if (pipe(fds) != 0 || pipe(go) != 0) throw std::runtime_error("pipe failed");
         posix_spawn_file_actions_t actions;
         posix_spawn_file_actions_init(&actions);
         posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
         posix_spawn_file_actions_addclose(&actions, fds[0]);
+        posix_spawn_file_actions_adddup2(&actions, go[0], STDIN_FILENO);
+        posix_spawn_file_actions_addclose(&actions, go[1]);
         std::vector<std::string> args{self,
                                       "--rank",
                                       std::to_string(rank),
@@ -296,8 +308,10 @@ int run_swarm(const options& o, const char* self) {
             throw std::runtime_error("cannot start a peer process");
         posix_spawn_file_actions_destroy(&actions);
         close(fds[1]);
+        close(go[0]);
         children.push_back(pid);
         pipes.push_back(fds[0]);
+        gos.push_back(go[1]);
     }
 
     std::map<std::size_t, round_summary> rounds;
@@ -305,6 +319,8 @@ int run_swarm(const options& o, const char* self) {
     std::vector<std::string> partial(o.peers);
     std::size_t open = o.peers;
     std::size_t printed = 0;
+    std::vector<long> reached(o.peers, -1); ///< per child: 0 ready, r: reported round r
+    std::size_t released = 0;               ///< rounds started
     std::printf("%5s %7s %10s %10s %10s %14s %9s\n", "round", "groups", "slowest s", "sent MB",
                 "MB/s", "rms from mean", "averaged");
     std::ostringstream json;
@@ -336,6 +352,11 @@ int run_swarm(const options& o, const char* self) {
                 double value = 0;
                 while (line >> key >> value)
                     fields[key] = value;
+                if (fields.count("ready")) {
+                    reached[i] = 0;
+                    continue;
+                }
+                reached[i] = std::max(reached[i], static_cast<long>(fields["round"]));
                 auto& r = rounds[static_cast<std::size_t>(fields["round"])];
                 ++r.reports;
                 if (fields.count("error")) {
@@ -349,6 +370,19 @@ int run_swarm(const options& o, const char* self) {
                     r.fraction += fields["fraction"];
                     r.sent += static_cast<std::uint64_t>(fields["sent"]);
                 }
+            }
+        }
+        // Start the next round once every live peer finished the last one (or is ready).
+        while (released < o.rounds) {
+            bool all = true;
+            for (std::size_t i = 0; i < o.peers; ++i)
+                all = all && (pipes[i] < 0 || reached[i] >= static_cast<long>(released));
+            if (!all) break;
+            ++released;
+            for (std::size_t i = 0; i < o.peers; ++i) {
+                if (pipes[i] < 0) continue;
+                const auto sent = write(gos[i], "go\n", 3); // fails only if it just died
+                (void)sent;
             }
         }
         // Print each round once every peer reported it.
@@ -370,6 +404,8 @@ int run_swarm(const options& o, const char* self) {
                  << ",\"rms_from_mean\":" << rms << ",\"failures\":" << r.failures << "}";
         }
     }
+    for (int fd : gos)
+        close(fd);
     int status = 0, failed = 0;
     for (pid_t pid : children)
         if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
