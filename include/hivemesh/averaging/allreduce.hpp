@@ -814,7 +814,7 @@ private:
                     stream.cancel(errc::cancelled);
                     co_return;
                 }
-                byte_buffer message = std::move(next); // pack() clears and refills `next`
+                byte_buffer message = std::move(next); // leaves `next` empty for pack()
                 r.result.bytes_sent += message.size();
                 r.result.values_sent += r.part_range(k, p).size;
                 slot.last_progress = r.now();
