@@ -206,11 +206,6 @@ int run_peer(const options& o) {
             // leave a peer without a partner for its whole matchmaking window.
             std::string go;
             if (!std::getline(std::cin, go)) throw std::runtime_error("the parent went away");
-            // Staggered by rank: peers that all start matchmaking at the same instant see
-            // each other's declarations only partly and split into partial groups (16 peers
-            // in groups of 4 then took the full 10 s window); a known weakness of the
-            // matchmaking, noted on issue 5, that this demo steps around.
-            std::this_thread::sleep_for(rank * 20ms);
             const auto start = std::chrono::steady_clock::now();
             std::ostringstream line;
             line << "round " << round << " rank " << rank;

@@ -126,6 +126,78 @@ TEST_CASE("matchmaking: 16 peers under one key form 4 full groups of 4", "[match
     }
 }
 
+TEST_CASE("matchmaking: small groups that gathered apart merge into a full one before "
+          "anyone's window ends",
+          "[matchmaking]") {
+    // Peers 2 and 3 start first with longer windows and gather as a group of 2. Peers 0 and
+    // 1 start a second later with shorter windows, so they come first in the order, and
+    // gather as another. The leader of the later pair must join the earlier leader and
+    // bring its follower along: one group of 4, at once, not two of 2 at the expirations.
+    matchmaking_swarm s(4, options_of(2, 4));
+    const auto start = s.dht.now();
+    for (std::size_t i : {2, 3}) {
+        auto r = request_of(i);
+        r.window = 8s;
+        s.start(i, r);
+    }
+    s.dht.world.network.time().run_for(1s);
+    for (std::size_t i : {0, 1})
+        s.start(i, request_of(i)); // 6 s windows: they expire at 7 s, before 2 and 3
+    s.wait();
+    for (auto& o : s.outcomes)
+        REQUIRE_FALSE(o->first);
+    const auto groups = s.check_consistent();
+    REQUIRE(groups.size() == 1);
+    const auto& members = groups.begin()->second.members;
+    CHECK(members.size() == 4);
+    CHECK(members.front().peer.id ==
+          std::min(s.dht.members[0].rpc->id(), s.dht.members[1].rpc->id()));
+    CHECK(s.dht.now() - start < 4s); // a poll or two, not the 6 s window
+}
+
+TEST_CASE("matchmaking: 16 peers that start within 200 ms under 4 keys form 4 full groups",
+          "[matchmaking]") {
+    // The Moshpit grid's first round: each key holds exactly a group's worth of peers. Links
+    // of 5-150 ms make declarations land in a different order than the peers started, so
+    // each sees the others' only partly at first.
+    for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+        INFO("seed " << seed);
+        matchmaking_swarm s(16, options_of(2, 4));
+        random_generator rng(seed);
+        for (std::size_t a = 0; a < 16; ++a)
+            for (std::size_t b = a + 1; b < 16; ++b) {
+                net::sim::link_properties link;
+                link.latency = std::chrono::milliseconds(5 + rng.uniform(146));
+                s.dht.world.network.set_links_between(s.dht.members[a].transport->node(),
+                                                      s.dht.members[b].transport->node(), link);
+            }
+        std::vector<std::pair<duration, std::size_t>> starts;
+        for (std::size_t i = 0; i < 16; ++i)
+            starts.emplace_back(std::chrono::microseconds(rng.uniform(200'000)), i);
+        std::sort(starts.begin(), starts.end());
+        const auto start = s.dht.now();
+        for (const auto& [at, i] : starts) {
+            s.dht.world.network.time().run_for(at - (s.dht.now() - start));
+            auto r = request_of(i);
+            r.bits = group_bits(i % 4, 2);
+            s.start(i, r);
+        }
+        s.wait();
+        for (auto& o : s.outcomes)
+            REQUIRE_FALSE(o->first);
+        const auto groups = s.check_consistent();
+        CHECK(groups.size() == 4);
+        for (const auto& [id, g] : groups) {
+            CHECK(g.members.size() == 4);
+            std::set<std::size_t> keys;
+            for (const auto& m : g.members)
+                keys.insert(static_cast<std::size_t>(m.bandwidth - 1.0) % 4);
+            CHECK(keys.size() == 1);
+        }
+        CHECK(s.dht.now() - start < 6s); // the window: nobody waited it out
+    }
+}
+
 TEST_CASE("matchmaking: a partial group forms at the leader's expiration when it has the "
           "minimum, and too few peers is an error",
           "[matchmaking]") {
@@ -271,7 +343,18 @@ TEST_CASE("matchmaking wire: exact bytes, canonical round trips, hostile input r
     huge[34] = std::byte{0xFF};
     huge[35] = std::byte{0xFF};
     CHECK(decode(huge, group_back));
-    CHECK(averaging::decode_disband(averaging::encode_disband()) == std::error_code{});
+
+    averaging::disband_message disband;
+    CHECK(hex(encode(disband)) == "01 04 00");
+    disband.leader = response.leader;
+    const auto disband_bytes = encode(disband);
+    averaging::disband_message disband_back;
+    REQUIRE_FALSE(decode(disband_bytes, disband_back));
+    CHECK(disband_back == disband);
+    CHECK(encode(disband_back) == disband_bytes);
+    for (std::size_t n = 0; n < disband_bytes.size(); ++n)
+        CHECK(decode(byte_view(disband_bytes).first(n), disband_back));
+    CHECK(decode(encode(group), disband_back) == errc::protocol_violation);
 }
 
 } // namespace hivemesh::test

@@ -296,7 +296,8 @@ void write_averaging_corpus(const std::filesystem::path& dir) {
     group.id.fill(std::byte{1});
     group.members.emplace_back(someone, request.member);
     write_file(dir / "group", encode(group));
-    write_file(dir / "disband", encode_disband());
+    write_file(dir / "disband", encode(disband_message{}));
+    write_file(dir / "disband_leader", encode(disband_message{response.leader}));
     begin_message begin{{}, 4, 1, 2, 0.5, 100, 50, 25};
     write_file(dir / "begin", encode(begin));
     hivemesh::byte_buffer part;

@@ -10,8 +10,12 @@
 // ordered members (leader first, then followers in the order they joined) with what each
 // told about itself (role, bandwidth, user bytes). Refusals carry a reason (join_status);
 // a peer that follows someone refuses with `not_a_leader` and names its leader. A peer
-// with followers stops asking others. A peer's incoming join requests wait while its own
-// request to another leader is under way, so it never leads and follows at once.
+// with followers keeps looking for earlier leaders (every poll_interval): peers that start
+// together see each other's declarations only partly and first gather in small groups, and
+// these merge into full ones this way. When an earlier leader accepts it, it dismisses its
+// followers with a disband notice naming that leader, which they ask next. A peer's
+// incoming join requests wait while its own request to another leader is under way, so it
+// never leads and follows at once.
 #pragma once
 
 #include "hivemesh/averaging/group.hpp"
@@ -163,6 +167,13 @@ private:
         net::peer_address address;
     };
 
+    /// Whom to ask next after a join: a refusing peer's leader, or the leader our own leader
+    /// joined when it dismissed us (which may be asked again: it was not full then).
+    struct suggestion {
+        candidate leader;
+        bool dismissed = false;
+    };
+
     struct follower {
         crypto::peer_id id;
         member_wire member;
@@ -181,6 +192,7 @@ private:
         match_request request;
         std::string key;
         time_point expiration{};
+        time_point next_fetch{}; ///< when a peer with followers reads the key again
         bool requesting = false; ///< our own join request is under way
         std::optional<candidate> leader;
         std::vector<follower> followers;
@@ -194,6 +206,10 @@ private:
 
         bool before(time_point other_expiration, const crypto::peer_id& other) const {
             return std::pair(expiration, st->rpc->id()) < std::pair(other_expiration, other);
+        }
+        bool leads(const crypto::peer_id& id) const {
+            return std::any_of(followers.begin(), followers.end(),
+                               [&](const follower& f) { return f.id == id; });
         }
         void wake_handlers() {
             for (auto* w : handler_wakeups)
@@ -248,19 +264,23 @@ private:
 
         std::optional<group_type> found;
         while (!a->formed && !a->stopped && st->now() < a->expiration) {
-            if (a->followers.empty()) {
+            // A peer alone reads the key whenever it wakes; one with followers wakes for
+            // each new follower too, and reads only every poll_interval.
+            if (a->followers.empty() || st->now() >= a->next_fetch) {
+                a->next_fetch = st->now() + st->options.poll_interval;
                 auto candidates = co_await fetch(st, *a);
                 std::deque<candidate> queue(candidates.begin(), candidates.end());
                 std::set<crypto::peer_id> asked;
-                while (!queue.empty() && a->followers.empty() && !a->stopped && !a->formed &&
-                       st->now() < a->expiration) {
+                while (!queue.empty() && !a->stopped && !a->formed && st->now() < a->expiration) {
                     const candidate c = queue.front();
                     queue.pop_front();
                     if (!asked.insert(c.id).second) continue;
-                    std::optional<candidate> suggestion;
-                    found = co_await try_join(st, a, c, suggestion);
+                    std::optional<suggestion> next;
+                    found = co_await try_join(st, a, c, next);
                     if (found) break;
-                    if (suggestion) queue.push_front(*suggestion);
+                    if (!next) continue;
+                    if (next->dismissed) asked.erase(next->leader.id);
+                    queue.push_front(next->leader);
                 }
                 if (found) break;
             }
@@ -340,11 +360,12 @@ private:
         co_return out;
     }
 
-    /// Asks `c` to lead us; on acceptance waits for the group. Sets `suggestion` when `c`
-    /// names its own leader.
-    static asio::awaitable<std::optional<group_type>>
-    try_join(state_ptr st, std::shared_ptr<attempt> a, candidate c,
-             std::optional<candidate>& suggestion) {
+    /// Asks `c` to lead us; on acceptance dismisses our followers and waits for the group.
+    /// Sets `next` when `c` names another leader to ask.
+    static asio::awaitable<std::optional<group_type>> try_join(state_ptr st,
+                                                               std::shared_ptr<attempt> a,
+                                                               candidate c,
+                                                               std::optional<suggestion>& next) {
         const auto& o = st->options;
         const auto endpoint = Transport::to_endpoint(c.address);
         const typename rpc_type::peer target{c.id, *endpoint};
@@ -367,9 +388,19 @@ private:
         if (!ec) ec = decode(message, response);
         a->requesting = false;
         a->wake_handlers();
+        const auto suggest = [&](const std::optional<suggested_leader>& leader, bool dismissed) {
+            if (!leader) return;
+            const auto& [id, address] = *leader;
+            // c's own leader is earlier than c, so c's expiration bounds the wait for it.
+            if (Transport::to_endpoint(address) && id != st->rpc->id() && id != c.id)
+                next = suggestion{candidate{c.expiration, id, address}, dismissed};
+        };
         if (!ec && response.status == join_status::accepted && !a->stopped) {
             a->leader = c;
-            a->wake_handlers();                 // waiting joiners now get "not a leader, ask c"
+            // Waiting joiners now get "not a leader, ask c"; our followers, a disband notice
+            // naming c.
+            a->followers.clear();
+            a->wake_handlers();
             ec = co_await stream.read(message); // bounded by the call's limit
             matchmaking_message type{};
             if (!ec) ec = peek_type(message, type);
@@ -380,12 +411,14 @@ private:
                     auto group = to_group(st, m, c.id, ec);
                     if (!ec) out = std::move(group);
                 }
+            } else if (!ec && type == matchmaking_message::disband) {
+                disband_message m;
+                ec = decode(message, m);
+                if (!ec) suggest(m.leader, true);
             }
             a->leader.reset();
-        } else if (!ec && response.status == join_status::not_a_leader && response.leader) {
-            const auto& [id, address] = *response.leader;
-            if (Transport::to_endpoint(address) && id != st->rpc->id())
-                suggestion = candidate{c.expiration, id, address};
+        } else if (!ec && response.status == join_status::not_a_leader) {
+            suggest(response.leader, false);
         }
         if (ec && ec != asio::error::eof)
             log::debug("matchmaking", "joining ", c.id.to_string(), ": ", ec.message());
@@ -511,10 +544,15 @@ private:
         if (auto ec = co_await respond(stream, join_status::accepted)) {
             co_return ec;
         }
-        while (!a->formed && !a->finished && !a->stopped)
+        // Until the group forms, the search ends, or we dismiss our followers.
+        while (!a->formed && !a->finished && !a->stopped && a->leads(context.remote))
             co_await changed.wait();
-        if (a->formed) co_return co_await stream.write(encode(*a->formed));
-        co_return co_await stream.write(encode_disband());
+        if (a->formed && std::any_of(a->formed->members.begin(), a->formed->members.end(),
+                                     [&](const auto& m) { return m.first == context.remote; }))
+            co_return co_await stream.write(encode(*a->formed));
+        disband_message disband;
+        if (a->leader) disband.leader.emplace(a->leader->id, a->leader->address);
+        co_return co_await stream.write(encode(disband));
     }
 
     state_ptr state_;

@@ -1,13 +1,14 @@
 // Wire messages of matchmaking. A follower opens one streaming call to a leader
 // ("<prefix>.join") and sends a join request; the leader answers with a join response and,
-// if it accepted, later with the formed group or a disband notice.
+// if it accepted, later with the formed group or a disband notice (which names the leader
+// the disbanding peer now follows, if any, for its former followers to ask).
 //
 //   every message: u8 version (1) | u8 type
 //   request  (1): u64 schema_hash | u32-sized group key | i64 expiration (ns since the Unix
 //                 epoch) | member
 //   response (2): u8 join_status | u8 has_leader | [u8[32] PeerId | address]
 //   group    (3): group_id[32] | u16 count (1..65535) | count x (u8[32] PeerId | member)
-//   disband  (4): nothing
+//   disband  (4): u8 has_leader | [u8[32] PeerId | address]
 //   member:       u8 role | f64 bandwidth | u8 has_address | [address] | u32-sized metadata
 //   address:      net::peer_address binary form without a PeerId (canonical host only)
 //
@@ -90,12 +91,22 @@ struct join_request {
     friend bool operator==(const join_request&, const join_request&) = default;
 };
 
+/// A leader to ask instead: its PeerId and where to dial it.
+using suggested_leader = std::pair<crypto::peer_id, net::peer_address>;
+
 struct join_response {
     join_status status = join_status::accepted;
     /// With not_a_leader: the leader the peer follows, to ask instead.
-    std::optional<std::pair<crypto::peer_id, net::peer_address>> leader;
+    std::optional<suggested_leader> leader;
 
     friend bool operator==(const join_response&, const join_response&) = default;
+};
+
+/// A leader's notice that its group will not form; `leader` is the peer it now follows.
+struct disband_message {
+    std::optional<suggested_leader> leader;
+
+    friend bool operator==(const disband_message&, const disband_message&) = default;
 };
 
 struct group_message {
@@ -167,16 +178,33 @@ inline std::error_code decode(byte_view in, join_request& m,
     return r.finish();
 }
 
+namespace detail {
+
+inline void write_leader(binary_writer& w, const std::optional<suggested_leader>& leader) {
+    dht::detail::write_flag(w, leader.has_value());
+    if (leader) {
+        write_peer_id(w, leader->first);
+        dht::detail::write_address(w, leader->second);
+    }
+}
+
+inline void read_leader(binary_reader& r, std::optional<suggested_leader>& leader) {
+    leader.reset();
+    if (dht::detail::read_flag(r) && r.ok()) {
+        auto id = read_peer_id(r);
+        auto address = dht::detail::read_address(r);
+        if (r.ok()) leader.emplace(id, std::move(address));
+    }
+}
+
+} // namespace detail
+
 inline byte_buffer encode(const join_response& m) {
     byte_buffer out;
     binary_writer w(out);
     detail::write_head(w, matchmaking_message::response);
     w.write(static_cast<std::uint8_t>(m.status));
-    dht::detail::write_flag(w, m.leader.has_value());
-    if (m.leader) {
-        detail::write_peer_id(w, m.leader->first);
-        dht::detail::write_address(w, m.leader->second);
-    }
+    detail::write_leader(w, m.leader);
     return out;
 }
 
@@ -186,12 +214,7 @@ inline std::error_code decode(byte_view in, join_response& m) {
     const auto status = r.read<std::uint8_t>();
     if (r.ok() && status > max_join_status) r.fail(errc::corrupt_data);
     m.status = static_cast<join_status>(status);
-    m.leader.reset();
-    if (dht::detail::read_flag(r) && r.ok()) {
-        auto id = detail::read_peer_id(r);
-        auto address = dht::detail::read_address(r);
-        if (r.ok()) m.leader.emplace(id, std::move(address));
-    }
+    detail::read_leader(r, m.leader);
     return r.finish();
 }
 
@@ -229,11 +252,19 @@ inline std::error_code decode(byte_view in, group_message& m,
     return r.finish();
 }
 
-inline byte_buffer encode_disband() {
+inline byte_buffer encode(const disband_message& m) {
     byte_buffer out;
     binary_writer w(out);
     detail::write_head(w, matchmaking_message::disband);
+    detail::write_leader(w, m.leader);
     return out;
+}
+
+inline std::error_code decode(byte_view in, disband_message& m) {
+    binary_reader r(in);
+    if (!detail::read_head(r, matchmaking_message::disband)) return r.error();
+    detail::read_leader(r, m.leader);
+    return r.finish();
 }
 
 /// The type of a leader's message after its response (group or disband), or an error.
@@ -244,12 +275,6 @@ inline std::error_code peek_type(byte_view in, matchmaking_message& type) {
     if (t < 1 || t > 4) return errc::protocol_violation;
     type = static_cast<matchmaking_message>(t);
     return {};
-}
-
-inline std::error_code decode_disband(byte_view in) {
-    binary_reader r(in);
-    if (!detail::read_head(r, matchmaking_message::disband)) return r.error();
-    return r.finish();
 }
 
 } // namespace hivemesh::averaging
