@@ -84,6 +84,18 @@ struct matchmaking_swarm {
             }
         return groups;
     }
+
+    /// Waits for every search: all found a group, and they form `count` groups of `size`.
+    std::map<averaging::group_id, group_type> wait_for_groups(std::size_t count, std::size_t size) {
+        wait();
+        for (auto& o : outcomes)
+            REQUIRE_FALSE(o->first);
+        auto groups = check_consistent();
+        CHECK(groups.size() == count);
+        for (const auto& [id, g] : groups)
+            CHECK(g.members.size() == size);
+        return groups;
+    }
 };
 
 averaging::matchmaking_options options_of(std::size_t min, std::size_t target) {
@@ -110,13 +122,7 @@ TEST_CASE("matchmaking: 16 peers under one key form 4 full groups of 4", "[match
     matchmaking_swarm s(16, options_of(2, 4));
     for (std::size_t i = 0; i < 16; ++i)
         s.start(i, request_of(i));
-    s.wait();
-    for (auto& o : s.outcomes)
-        REQUIRE_FALSE(o->first);
-    const auto groups = s.check_consistent();
-    CHECK(groups.size() == 4);
-    for (const auto& [id, g] : groups) {
-        CHECK(g.members.size() == 4);
+    for (const auto& [id, g] : s.wait_for_groups(4, 4)) {
         for (const auto& m : g.members) { // what each member told about itself arrived
             const auto i = static_cast<std::size_t>(m.bandwidth - 1.0);
             CHECK(m.metadata == bytes_of(std::string("peer ") + std::to_string(i)));
@@ -143,13 +149,9 @@ TEST_CASE("matchmaking: small groups that gathered apart merge into a full one b
     s.dht.world.network.time().run_for(1s);
     for (std::size_t i : {0, 1})
         s.start(i, request_of(i)); // 6 s windows: they expire at 7 s, before 2 and 3
-    s.wait();
-    for (auto& o : s.outcomes)
-        REQUIRE_FALSE(o->first);
-    const auto groups = s.check_consistent();
+    const auto groups = s.wait_for_groups(1, 4);
     REQUIRE(groups.size() == 1);
     const auto& members = groups.begin()->second.members;
-    CHECK(members.size() == 4);
     CHECK(members.front().peer.id ==
           std::min(s.dht.members[0].rpc->id(), s.dht.members[1].rpc->id()));
     CHECK(s.dht.now() - start < 4s); // a poll or two, not the 6 s window
@@ -182,13 +184,7 @@ TEST_CASE("matchmaking: 16 peers that start within 200 ms under 4 keys form 4 fu
             r.bits = group_bits(i % 4, 2);
             s.start(i, r);
         }
-        s.wait();
-        for (auto& o : s.outcomes)
-            REQUIRE_FALSE(o->first);
-        const auto groups = s.check_consistent();
-        CHECK(groups.size() == 4);
-        for (const auto& [id, g] : groups) {
-            CHECK(g.members.size() == 4);
+        for (const auto& [id, g] : s.wait_for_groups(4, 4)) {
             std::set<std::size_t> keys;
             for (const auto& m : g.members)
                 keys.insert(static_cast<std::size_t>(m.bandwidth - 1.0) % 4);
