@@ -287,6 +287,30 @@ TEST_CASE("matchmaking: followers of a leader that crashes find another group", 
     CHECK(grouped == 8);
 }
 
+TEST_CASE("matchmaking: peers whose first candidate crashed after declaring still group, "
+          "and finish at their windows",
+          "[matchmaking]") {
+    // Peer 0 declares first (the earliest expiration, so everyone asks it first) and
+    // crashes: dials to it go unanswered (the sim gives up after 3 s). The others group
+    // once they gave up on it; the group forms at its leader's expiration, and nobody then
+    // withdraws an expired declaration (which took a lookup waiting on peer 0: 7.86 s).
+    matchmaking_swarm s(4, options_of(2, 4));
+    const auto start = s.dht.now();
+    s.start(0, request_of(0));
+    s.dht.world.network.time().run_for(500ms); // its declaration is stored by now
+    s.dht.world.network.crash(s.dht.members[0].transport->node());
+    s.outcomes[0].emplace(make_error_code(errc::cancelled), group_type{});
+    for (std::size_t i : {1, 2, 3})
+        s.start(i, request_of(i));
+    s.wait();
+    for (std::size_t i : {1, 2, 3})
+        REQUIRE_FALSE(s.outcomes[i]->first);
+    const auto groups = s.check_consistent();
+    REQUIRE(groups.size() == 1);
+    CHECK(groups.begin()->second.members.size() == 3);
+    CHECK(s.dht.now() - start < 500ms + 6s + 1s); // their windows, and the slack
+}
+
 TEST_CASE("matchmaking wire: exact bytes, canonical round trips, hostile input refused",
           "[matchmaking]") {
     averaging::join_request request;

@@ -307,7 +307,9 @@ private:
         a->finished = true;
         a->wake_handlers(); // followers of a group that did not form learn it now
         if (st->current == a) st->current.reset();
-        if (!client) co_await declare(st, *a, true);
+        // Past its expiration the declaration is gone: a withdrawal would only be refused,
+        // after a lookup that may wait on dead peers, and hold up the group.
+        if (!client && st->now() < a->expiration) co_await declare(st, *a, true);
         if (ec || !found)
             co_return std::pair{ec ? ec : make_error_code(errc::too_few_peers), group_type{}};
         co_return std::pair{std::error_code{}, std::move(*found)};
