@@ -339,19 +339,10 @@ options parse_options(int argc, char** argv) {
     return o;
 }
 
-/// Raises the descriptor limit to 65536 where the process may (root), else to the hard
-/// limit; returns the soft limit now in force. A swarm in one process stands in for as many
-/// processes, each with a limit of its own: at 200 nodes, 65536 gives each node about 245
-/// connections (a real node's default soft limit is 1024), where a hard limit of 20000
-/// capped them at 75 and made most requests dial.
+/// Raises the descriptor limit to the hard limit; returns the soft limit now in force.
 std::size_t raise_descriptor_limit() {
-    constexpr rlim_t wanted = 65536;
     rlimit limit{};
     if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
-    if (limit.rlim_max < wanted) {
-        const rlimit raised{wanted, wanted};
-        if (setrlimit(RLIMIT_NOFILE, &raised) == 0) getrlimit(RLIMIT_NOFILE, &limit);
-    }
     if (limit.rlim_cur < limit.rlim_max) {
         limit.rlim_cur = limit.rlim_max;
         setrlimit(RLIMIT_NOFILE, &limit);
