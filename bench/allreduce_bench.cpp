@@ -10,14 +10,16 @@
 // this program (`--child hivemesh|gloo`) and talk to it over stdin/stdout; MPI children are
 // started by mpirun (`--child mpi`) and write their record to a file. Line protocol:
 //   child: HELLO <peer id> <port>   parent: PEERS <id> <port> ...   (hivemesh only)
-//   child: READY <round>            parent: GO                       (the barrier, per round)
+//   child: READY <n>                parent: GO                       (barrier n: 2 per round)
 //   child: RESULT <record>          parent: EXIT
 // A child that fails prints `ERROR <text>` and exits nonzero; a hung one dies by SIGALRM.
 //
 // Timing. Every round, each process fills its tensor (value 4·rank + 0.25·(i mod 33), so
 // the mean is known exactly), waits at the barrier, reads the monotonic clock (one clock for
 // all processes of the machine), runs the all-reduce including the division by N into a
-// mean, and reads the clock again; a round lasts from the earliest start to the latest end.
+// mean, reads the clock again and waits at a second barrier before checking its result (so
+// no process checks while others still average); a round lasts from the earliest start to
+// the latest end.
 // The report is the median over the timed rounds, after the warm-up rounds (which also open
 // the connections). Bandwidth is the algorithm bandwidth: tensor bytes (elements·4) divided
 // by the median round time, in GB/s (10^9 bytes).
@@ -59,6 +61,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -247,23 +250,25 @@ std::size_t status_kib(std::string_view field) {
 
 /// Rank r's values: 4r + 0.25 (i mod 33). Dyadic and small, so sums are exact in float.
 void fill(std::span<float> values, std::size_t rank) {
-    const float base = 4.0f * static_cast<float>(rank);
-    std::size_t c = 0;
-    for (float& v : values) {
-        v = base + 0.25f * static_cast<float>(c);
-        if (++c == 33) c = 0;
-    }
+    std::array<float, 33> period;
+    for (std::size_t c = 0; c < period.size(); ++c)
+        period[c] = 4.0f * static_cast<float>(rank) + 0.25f * static_cast<float>(c);
+    for (std::size_t i = 0; i < values.size(); i += period.size())
+        std::copy_n(period.begin(), std::min(period.size(), values.size() - i), values.begin() + i);
 }
 
 /// The largest distance to the exact mean over n ranks: 2(n-1) + 0.25 (i mod 33).
 double max_error(std::span<const float> values, std::size_t n) {
-    const double base = 2.0 * static_cast<double>(n - 1);
+    std::array<double, 33> mean;
+    for (std::size_t c = 0; c < mean.size(); ++c)
+        mean[c] = 2.0 * static_cast<double>(n - 1) + 0.25 * static_cast<double>(c);
     double worst = 0;
-    std::size_t c = 0;
-    for (const float v : values) {
-        const double e = std::abs(static_cast<double>(v) - (base + 0.25 * static_cast<double>(c)));
-        if (!(e <= worst)) worst = e; // NaN wins
-        if (++c == 33) c = 0;
+    for (std::size_t i = 0; i < values.size(); i += mean.size()) {
+        const std::size_t count = std::min(mean.size(), values.size() - i);
+        for (std::size_t c = 0; c < count; ++c) {
+            const double e = std::abs(static_cast<double>(values[i + c]) - mean[c]);
+            if (!(e <= worst)) worst = e; // NaN wins
+        }
     }
     return worst;
 }
@@ -322,24 +327,28 @@ struct parent_link {
         if (!std::getline(std::cin, line)) throw std::runtime_error("the driver went away");
         return line;
     }
-    void barrier(std::size_t round) {
-        send("READY " + std::to_string(round));
+    void barrier(std::size_t number) {
+        send("READY " + std::to_string(number));
         if (receive() != "GO") throw std::runtime_error("expected GO");
     }
 };
 
 /// Runs `rounds` rounds of `reduce` (which averages `tensor` in place) with the protocol's
-/// barrier before each; checks the result after each. `reduce` returns the fraction averaged.
+/// barriers around each (numbered 2·round and 2·round + 1); checks the result after each.
+/// `reduce` returns the fraction averaged.
 template <class Barrier, class Reduce>
 void run_rounds(const options& o, std::span<float> tensor, const std::string& codec,
                 child_record& record, Barrier&& barrier, Reduce&& reduce) {
     const double allowed = tolerance(codec, o.size);
     for (std::size_t round = 0; round < o.warmup + o.rounds; ++round) {
         fill(tensor, o.rank);
-        barrier(round);
+        barrier(2 * round);
         const double start = clock_seconds();
         const double fraction = reduce(round);
         const double end = clock_seconds();
+        // Checking waits until every process is done: a process that finished first would
+        // otherwise check on the cores the others still average on.
+        barrier(2 * round + 1);
         record.starts.push_back(start);
         record.ends.push_back(end);
         const double error = max_error(tensor, o.size);
@@ -448,7 +457,7 @@ int hivemesh_child(const options& o) {
     record.baseline_kib = status_kib("VmRSS");
 
     run_rounds(
-        o, tensor, o.mode, record, [&](std::size_t round) { link.barrier(round); },
+        o, tensor, o.mode, record, [&](std::size_t number) { link.barrier(number); },
         [&](std::size_t round) {
             // Every process derives the same fresh group id from the run and the round.
             for (std::size_t b = 0; b < 8; ++b) {
@@ -522,7 +531,7 @@ int gloo_child(const options& o) {
         throw usage_error("unknown Gloo algorithm " + o.mode);
 
     run_rounds(
-        o, tensor, "none", record, [&](std::size_t round) { link.barrier(round); },
+        o, tensor, "none", record, [&](std::size_t number) { link.barrier(number); },
         [&](std::size_t) {
             algorithm->run();
             scale(tensor, o.size);
@@ -867,9 +876,9 @@ cell run_children(const options& o, const system_spec& s, std::size_t n) {
             for (auto& child : children)
                 child.send(peers);
         }
-        for (std::size_t round = 0; round < o.warmup + o.rounds; ++round) {
+        for (std::size_t barrier = 0; barrier < 2 * (o.warmup + o.rounds); ++barrier) {
             for (std::size_t k = 0; k < n; ++k)
-                if (receive(k) != "READY " + std::to_string(round)) return fail("no READY");
+                if (receive(k) != "READY " + std::to_string(barrier)) return fail("no READY");
             for (auto& child : children)
                 child.send("GO");
         }

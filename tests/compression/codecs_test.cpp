@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 using hivemesh::byte_buffer;
@@ -133,6 +134,56 @@ TEST_CASE("decompress_add and decompress_finite_into: exact, from odd addresses,
         std::vector<float> poisoned = values;
         poisoned[777] = bad;
         const byte_buffer buffer = compress(k, poisoned);
+        std::vector<float> sum(values.size(), 1.0f);
+        CHECK(decompress_add(buffer, sum, 1.0f, scratch) == errc::non_finite_input);
+        CHECK(decompress_finite_into(buffer, sum, scratch) == errc::non_finite_input);
+        CHECK(std::all_of(sum.begin(), sum.end(), [](float v) { return v == 1.0f; }));
+    }
+}
+
+TEST_CASE("8-bit codecs decode only finite values from any valid buffer; meanstd_16bit is "
+          "checked",
+          "[compression]") {
+    // decompress_finite_into and decompress_add skip the finite check for these codecs, so
+    // the most extreme scales a buffer may carry must still decode finite.
+    constexpr float largest = std::numeric_limits<float>::max();
+    std::vector<float> values(256);
+    for (std::size_t i = 0; i < values.size(); ++i)
+        values[i] = static_cast<float>(i) - 128.0f;
+    std::vector<float> scratch;
+    const auto put_float = [](byte_buffer& b, std::size_t offset, float v) {
+        std::memcpy(b.data() + offset, &v, sizeof v);
+    };
+    const auto decodes_finite_everywhere = [&](const byte_buffer& buffer) {
+        std::vector<float> got(values.size(), 9.0f);
+        REQUIRE_FALSE(decompress_finite_into(buffer, got, scratch));
+        CHECK(std::all_of(got.begin(), got.end(), [](float v) { return std::isfinite(v); }));
+        std::vector<float> sum(values.size(), 0.0f);
+        REQUIRE_FALSE(decompress_add(buffer, sum, 1.0f, scratch));
+        CHECK(sum == got);
+        return got;
+    };
+    SECTION("blockwise_8bit: the largest absmax with every code") {
+        byte_buffer buffer = compress(kind::blockwise_8bit, values, {.block_size = 256});
+        put_float(buffer, 16 + 4, largest); // header, block size, then the only absmax
+        for (std::size_t code = 0; code < 256; ++code)
+            buffer[16 + 4 + 4 + code] = static_cast<std::byte>(code);
+        const auto got = decodes_finite_everywhere(buffer);
+        CHECK(got[255] == largest);
+        CHECK(got[0] == -0.99296875f * largest);
+    }
+    for (kind k : {kind::uniform_8bit, kind::quantile_8bit}) {
+        DYNAMIC_SECTION(to_string(k) << ": a codebook of the largest magnitudes") {
+            byte_buffer buffer = compress(k, values);
+            for (std::size_t entry = 0; entry < 256; ++entry) // the codebook follows the header
+                put_float(buffer, 16 + 4 * entry, entry % 2 ? largest : -largest);
+            decodes_finite_everywhere(buffer);
+        }
+    }
+    SECTION("meanstd_16bit can overflow, so it is checked") {
+        byte_buffer buffer = compress(kind::meanstd_16bit, values, {.row_length = 256});
+        put_float(buffer, 16 + 8, largest);     // the only row's mean
+        put_float(buffer, 16 + 8 + 4, largest); // and its standard deviation
         std::vector<float> sum(values.size(), 1.0f);
         CHECK(decompress_add(buffer, sum, 1.0f, scratch) == errc::non_finite_input);
         CHECK(decompress_finite_into(buffer, sum, scratch) == errc::non_finite_input);

@@ -121,6 +121,13 @@ inline std::error_code decompress_into(byte_view buffer, std::span<float> out,
 
 namespace detail {
 
+/// Codecs whose decoder can only produce finite values once it has validated the buffer:
+/// a finite codebook, or finite block scales times map entries of magnitude at most 1. A
+/// value read from their output needs no finite check.
+constexpr bool decodes_finite(kind k) noexcept {
+    return k == kind::uniform_8bit || k == kind::quantile_8bit || k == kind::blockwise_8bit;
+}
+
 /// Decodes `buffer` (which must hold `n` elements), checks every value is finite, then calls
 /// apply(value_at) where value_at(i) is element i. A `none` payload is read where it is;
 /// other codecs decode into `scratch`.
@@ -149,7 +156,7 @@ std::error_code decode_finite(byte_view buffer, std::size_t n, std::vector<float
     }
     scratch.resize(n);
     if (auto ec = decode(h.codec, reader, scratch, lim.threads)) return ec;
-    if (!all_finite(scratch)) return errc::non_finite_input;
+    if (!decodes_finite(h.codec) && !all_finite(scratch)) return errc::non_finite_input;
     const float* values = scratch.data();
     apply([values](std::size_t i) { return values[i]; });
     return {};
@@ -159,9 +166,14 @@ std::error_code decode_finite(byte_view buffer, std::size_t n, std::vector<float
 
 /// As decompress_into, and refuses a buffer holding NaN or infinity (non_finite_input), as
 /// values from an untrusted peer must be. On error `out` is unchanged. `scratch` is working
-/// memory for codecs other than `none` (whose values are copied straight from `buffer`).
+/// memory for float16 and meanstd_16bit, the codecs whose decoded values need the check
+/// (`none` is checked where it is; the 8-bit codecs cannot decode a non-finite value).
 inline std::error_code decompress_finite_into(byte_view buffer, std::span<float> out,
                                               std::vector<float>& scratch, const limits& lim = {}) {
+    header h;
+    if (auto ec = read_header(buffer, h, lim)) return ec;
+    // Straight into `out`, which decoders write only once the buffer proved valid.
+    if (detail::decodes_finite(h.codec)) return decompress_into(buffer, out, lim);
     return detail::decode_finite(buffer, out.size(), scratch, lim, [out](auto value_at) {
         for (std::size_t i = 0; i < out.size(); ++i)
             out[i] = value_at(i);
