@@ -19,7 +19,9 @@
 // all processes of the machine), runs the all-reduce including the division by N into a
 // mean, reads the clock again and waits at a second barrier before checking its result (so
 // no process checks while others still average); a round lasts from the earliest start to
-// the latest end.
+// the latest end. CPU is the user plus system time all processes spent inside the round
+// (getrusage), and switches their context switches: the cost behind the time on a machine
+// with fewer cores than processes.
 // The report is the median over the timed rounds, after the warm-up rounds (which also open
 // the connections). Bandwidth is the algorithm bandwidth: tensor bytes (elements·4) divided
 // by the median round time, in GB/s (10^9 bytes).
@@ -57,6 +59,7 @@
 #endif
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -290,6 +293,8 @@ struct child_record {
     double min_fraction = 1;      ///< hivemesh: smallest fraction averaged; 1 for the others
     std::size_t wrong_rounds = 0; ///< rounds over tolerance or not fully averaged
     std::vector<double> starts, ends;
+    std::vector<double> cpu_seconds; ///< user + system time of the process during each round
+    std::vector<long> switches;      ///< its context switches during each round
 
     std::string to_line() const {
         std::ostringstream out;
@@ -297,7 +302,8 @@ struct child_record {
         out << baseline_kib << ' ' << peak_kib << ' ' << max_error << ' ' << min_fraction << ' '
             << wrong_rounds << ' ' << starts.size();
         for (std::size_t r = 0; r < starts.size(); ++r)
-            out << ' ' << starts[r] << ' ' << ends[r];
+            out << ' ' << starts[r] << ' ' << ends[r] << ' ' << cpu_seconds[r] << ' '
+                << switches[r];
         return out.str();
     }
     static std::optional<child_record> from_line(const std::string& line) {
@@ -310,9 +316,27 @@ struct child_record {
             return std::nullopt;
         c.starts.resize(rounds);
         c.ends.resize(rounds);
+        c.cpu_seconds.resize(rounds);
+        c.switches.resize(rounds);
         for (std::size_t r = 0; r < rounds; ++r)
-            if (!(in >> c.starts[r] >> c.ends[r])) return std::nullopt;
+            if (!(in >> c.starts[r] >> c.ends[r] >> c.cpu_seconds[r] >> c.switches[r]))
+                return std::nullopt;
         return c;
+    }
+};
+
+/// CPU time and context switches of this process so far (all its threads).
+struct process_usage {
+    double cpu_seconds = 0;
+    long switches = 0;
+
+    static process_usage now() {
+        rusage u{};
+        getrusage(RUSAGE_SELF, &u);
+        const auto seconds = [](timeval t) {
+            return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+        };
+        return {seconds(u.ru_utime) + seconds(u.ru_stime), u.ru_nvcsw + u.ru_nivcsw};
     }
 };
 
@@ -343,14 +367,18 @@ void run_rounds(const options& o, std::span<float> tensor, const std::string& co
     for (std::size_t round = 0; round < o.warmup + o.rounds; ++round) {
         fill(tensor, o.rank);
         barrier(2 * round);
+        const process_usage before = process_usage::now();
         const double start = clock_seconds();
         const double fraction = reduce(round);
         const double end = clock_seconds();
+        const process_usage after = process_usage::now();
         // Checking waits until every process is done: a process that finished first would
         // otherwise check on the cores the others still average on.
         barrier(2 * round + 1);
         record.starts.push_back(start);
         record.ends.push_back(end);
+        record.cpu_seconds.push_back(after.cpu_seconds - before.cpu_seconds);
+        record.switches.push_back(after.switches - before.switches);
         const double error = max_error(tensor, o.size);
         if (!(error <= record.max_error)) record.max_error = error;
         record.min_fraction = std::min(record.min_fraction, fraction);
@@ -641,6 +669,8 @@ struct cell {
     bool wrong = false;        ///< finished, but some process got a wrong result
     std::vector<double> round_seconds;
     double median_seconds = 0;
+    double median_cpu_seconds = 0; ///< per round, summed over the processes
+    double median_switches = 0;    ///< per round, summed over the processes
     double gbytes_per_second = 0;
     double memory_ratio = 0;
     double max_error = 0;
@@ -765,7 +795,14 @@ struct process {
     }
 };
 
-/// Round times, median, bandwidth and memory from every process's record.
+double median(std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    const std::size_t m = values.size();
+    if (m == 0) return 0;
+    return m % 2 ? values[m / 2] : (values[m / 2 - 1] + values[m / 2]) / 2;
+}
+
+/// Round times, CPU, medians, bandwidth and memory from every process's record.
 void summarise(const options& o, const std::vector<child_record>& records, cell& c) {
     const std::size_t total = o.warmup + o.rounds;
     for (const auto& r : records)
@@ -773,18 +810,23 @@ void summarise(const options& o, const std::vector<child_record>& records, cell&
             c.status = "bad record";
             return;
         }
+    std::vector<double> cpu, switches;
     for (std::size_t round = o.warmup; round < total; ++round) {
         double first = std::numeric_limits<double>::max(), last = 0;
+        double round_cpu = 0, round_switches = 0;
         for (const auto& r : records) {
             first = std::min(first, r.starts[round]);
             last = std::max(last, r.ends[round]);
+            round_cpu += r.cpu_seconds[round];
+            round_switches += static_cast<double>(r.switches[round]);
         }
         c.round_seconds.push_back(last - first);
+        cpu.push_back(round_cpu);
+        switches.push_back(round_switches);
     }
-    auto sorted = c.round_seconds;
-    std::sort(sorted.begin(), sorted.end());
-    const std::size_t m = sorted.size();
-    c.median_seconds = m % 2 ? sorted[m / 2] : (sorted[m / 2 - 1] + sorted[m / 2]) / 2;
+    c.median_seconds = median(c.round_seconds);
+    c.median_cpu_seconds = median(cpu);
+    c.median_switches = median(switches);
     const double bytes = static_cast<double>(o.elements) * sizeof(float);
     c.gbytes_per_second = c.median_seconds > 0 ? bytes / c.median_seconds / 1e9 : 0;
     for (const auto& r : records) {
@@ -1029,24 +1071,26 @@ int driver_main(const options& o) {
                 o.elements, tensor_mb, o.rounds, o.warmup);
     std::printf("s = median round seconds (earliest start to latest end); GB/s = algorithm "
                 "bandwidth = tensor bytes / s;\nmem = peak extra memory per process / tensor "
-                "bytes (VmHWM minus RSS after allocating the tensor).\n");
+                "bytes (VmHWM minus RSS after allocating the tensor);\nCPU s = median CPU "
+                "seconds (user + system) of all processes together in a round.\n");
     std::printf("Load average (1/5/15 min): %s at start, %s at end; %u cores.\n\n",
                 load_at_start.c_str(), load_at_end.c_str(), std::thread::hardware_concurrency());
     std::printf("%-34s", "system / mode");
     for (const auto n : o.processes)
-        std::printf(" | %-24s", ("N=" + std::to_string(n) + "  s / GB/s / mem").c_str());
+        std::printf(" | %-31s", ("N=" + std::to_string(n) + "  s / GB/s / mem / CPU s").c_str());
     std::printf("\n");
     for (std::size_t i = 0; i < rows.size(); ++i) {
         std::printf("%-34s", rows[i].label.c_str());
         for (const auto& c : cells[i]) {
             if (c.status != "ok") {
-                std::printf(" | %-24s", ("FAILED: " + c.status).substr(0, 24).c_str());
+                std::printf(" | %-31s", ("FAILED: " + c.status).substr(0, 31).c_str());
                 continue;
             }
             char text[64];
-            std::snprintf(text, sizeof text, "%7.3f %6.3f %5.2fx%s", c.median_seconds,
-                          c.gbytes_per_second, c.memory_ratio, c.wrong ? " WRONG" : "");
-            std::printf(" | %-24s", text);
+            std::snprintf(text, sizeof text, "%7.3f %6.3f %5.2fx %6.3f%s", c.median_seconds,
+                          c.gbytes_per_second, c.memory_ratio, c.median_cpu_seconds,
+                          c.wrong ? " WRONG" : "");
+            std::printf(" | %-31s", text);
         }
         std::printf("\n");
     }
@@ -1123,6 +1167,8 @@ int driver_main(const options& o) {
                "over timed rounds\",\n  \"bandwidth\": \"algorithm bandwidth: tensor bytes / "
                "median round time, 1e9 bytes per GB\",\n  \"memory_ratio\": \"max over "
                "processes of (VmHWM - VmRSS after allocating the tensor) / tensor bytes\",\n"
+            << "  \"cpu\": \"median over timed rounds of the user + system seconds (and context "
+               "switches) of all processes inside the round\",\n"
             << "  \"results\": [";
         bool first = true;
         for (std::size_t i = 0; i < rows.size(); ++i)
@@ -1137,6 +1183,8 @@ int driver_main(const options& o) {
                 first = false;
                 if (c.status == "ok") {
                     out << ", \"median_seconds\": " << json_number(c.median_seconds)
+                        << ", \"median_cpu_seconds\": " << json_number(c.median_cpu_seconds)
+                        << ", \"median_context_switches\": " << json_number(c.median_switches)
                         << ", \"gbytes_per_second\": " << json_number(c.gbytes_per_second)
                         << ", \"memory_ratio\": " << json_number(c.memory_ratio)
                         << ", \"max_error\": " << json_number(c.max_error)
