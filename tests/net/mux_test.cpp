@@ -192,6 +192,68 @@ TEST_CASE("messages of every size cross a stream both ways", "[net][mux]") {
     if (placing) CHECK(pair.channel_a->placements > 0);
 }
 
+TEST_CASE("the storage of a read message lands a later one, on any stream, up to a window",
+          "[net][mux]") {
+    const bool placing = GENERATE(false, true);
+    CAPTURE(placing);
+    net::mux_options options;
+    options.initial_window = 512 << 10;
+    mux_pair pair(options, options, placing);
+    const std::size_t part = options.frame_payload + 1000; // two frames each
+    const std::size_t count = 8;
+    // Sends `count` messages of `size` on a new stream and ends it.
+    auto send_stream = [&](std::size_t size, std::size_t seed) -> asio::awaitable<void> {
+        mux_stream s;
+        {
+            const std::error_code ec = co_await pair.a->open(s);
+            REQUIRE_FALSE(ec);
+        }
+        for (std::size_t i = 0; i < count; ++i) {
+            const std::error_code ec = co_await s.send(pattern(size, seed + i), i + 1 == count);
+            REQUIRE_FALSE(ec);
+        }
+    };
+    // Reads the next incoming stream, into one buffer or a fresh one per message.
+    std::size_t streams_read = 0;
+    auto read_stream = [&](std::size_t size, std::size_t seed,
+                           bool one_buffer) -> asio::awaitable<void> {
+        co_await poll_until(pair.io, [&] { return pair.incoming_b.size() > streams_read; });
+        mux_stream s = std::move(pair.incoming_b[streams_read++]);
+        byte_buffer kept;
+        for (std::size_t i = 0; i < count; ++i) {
+            byte_buffer fresh;
+            byte_buffer& m = one_buffer ? kept : fresh;
+            const std::error_code ec = co_await s.receive(m);
+            REQUIRE_FALSE(ec);
+            REQUIRE(m == pattern(size, seed + i));
+        }
+    };
+    const auto& stats = pair.b->statistics();
+    const auto run_stream = [&](std::size_t size, std::size_t seed, bool one_buffer) {
+        auto sender = spawn(pair.io, send_stream(size, seed));
+        auto reader = spawn(pair.io, read_stream(size, seed, one_buffer));
+        pair.run(sender);
+        pair.run(reader);
+    };
+
+    // Storage larger than a window is never kept: nothing to reuse yet.
+    run_stream(options.initial_window + 1000, 300, true);
+    CHECK(stats.landings_reused == 0);
+
+    run_stream(part, 0, true);
+    const auto first = stats.landings_reused;
+    // The messages on the wire while the first was read landed fresh; the rest reused.
+    CHECK(first >= count / 2);
+    CHECK(first < count);
+    // The buffers read last wait for the next stream.
+    run_stream(part, 100, true);
+    CHECK(stats.landings_reused >= first + count - 1);
+    // Storage the reader keeps is not reused; spares left from before still are, once each.
+    const auto before_fresh = stats.landings_reused;
+    run_stream(part, 200, false);
+    CHECK(stats.landings_reused <= before_fresh + 4);
+}
+
 TEST_CASE("prefixed and shared messages arrive whole, across frames, on every stream",
           "[net][mux]") {
     const bool placing = GENERATE(false, true);

@@ -714,8 +714,8 @@ private:
             auto& s = r.senders[j];
             const std::size_t parts = r.parts_of(r.me);
             std::vector<float> values;
+            byte_buffer message; // its storage goes back to the stream for a later part
             while (s.next_part < parts && !s.failed && !r.aborted) {
-                byte_buffer message;
                 const auto ec = co_await stream.read(message);
                 if (ec) {
                     r.fail_sender(j, errc::protocol_violation);
@@ -877,8 +877,8 @@ private:
             std::vector<float> values;
             std::size_t p = 0;
             std::error_code why;
+            byte_buffer storage; // goes back to the stream for a later result
             for (; p < parts; ++p) {
-                byte_buffer storage;
                 byte_view message;
                 if (auto ec = co_await stream.read(storage, message)) {
                     why = ec;

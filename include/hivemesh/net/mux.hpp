@@ -36,6 +36,7 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace hivemesh::net {
@@ -81,6 +82,7 @@ struct mux_statistics {
     std::uint64_t payload_received = 0; ///< message bytes read from the peer
     std::uint64_t streams_opened = 0;   ///< by either side
     std::size_t peak_buffered = 0;      ///< most payload bytes held for the application at once
+    std::uint64_t landings_reused = 0;  ///< messages landed in the storage of one read before
 };
 
 namespace detail {
@@ -620,9 +622,31 @@ private:
     /// transfer's parts): room for it at once saves regrowing copies. At most a window,
     /// so a stream never holds more than its window ahead.
     void make_room(const stream_ptr& s, std::uint8_t flags, std::size_t frame_size) {
-        if (s->partial.empty() && (flags & frame_flags::end_message) == 0)
-            s->partial.reserve(
-                std::clamp<std::size_t>(s->last_size, frame_size, options_.initial_window));
+        if (!s->partial.empty() || (flags & frame_flags::end_message) != 0) return;
+        const std::size_t size =
+            std::clamp<std::size_t>(s->last_size, frame_size, options_.initial_window);
+        const auto fits =
+            std::find_if(spares_.begin(), spares_.end(),
+                         [size](const byte_buffer& b) { return b.capacity() >= size; });
+        if (fits != spares_.end()) {
+            s->partial = std::move(*fits);
+            spares_.erase(fits);
+            ++stats_.landings_reused;
+        }
+        s->partial.reserve(size);
+    }
+
+    /// Keeps the storage of the message the application read before (at most a window of
+    /// it) to land a later one in, on any stream of the connection: a bulk transfer's parts
+    /// would otherwise each take a fresh allocation, which glibc may map and page-fault in
+    /// anew.
+    void keep_spare(byte_buffer& previous) {
+        if (previous.capacity() < options_.frame_payload ||
+            previous.capacity() > options_.initial_window)
+            return;
+        previous.clear();
+        if (spares_.size() == max_spares) spares_.erase(spares_.begin()); // the oldest
+        spares_.push_back(std::move(previous));
     }
 
     void count_buffered(std::size_t bytes) {
@@ -681,6 +705,7 @@ private:
                 co_return errc::cancelled;
             }
         }
+        keep_spare(message);
         message = std::move(s->inbox.front());
         s->inbox.pop_front();
         s->inbox_bytes -= message.size();
@@ -818,6 +843,8 @@ private:
     std::uint32_t local_streams_ = 0;
     std::uint32_t remote_streams_ = 0;
     std::size_t buffered_ = 0; ///< payload bytes held for the application, all streams
+    static constexpr std::size_t max_spares = 4;
+    std::vector<byte_buffer> spares_; ///< landing buffers to reuse, at most a window each
     std::uint64_t activity_ = 0;
     mux_statistics stats_;
 
