@@ -45,6 +45,7 @@
 #include <asio/thread_pool.hpp>
 
 #include "json.hpp"
+#include "statistics.hpp"
 
 #ifdef HIVEMESH_HAVE_GLOO
 #include <gloo/allreduce_halving_doubling.h>
@@ -794,13 +795,6 @@ struct process {
         if (pid > 0 && ::kill(pid, SIGKILL) == 0) killed = true;
     }
 };
-
-double median(std::vector<double> values) {
-    std::sort(values.begin(), values.end());
-    const std::size_t m = values.size();
-    if (m == 0) return 0;
-    return m % 2 ? values[m / 2] : (values[m / 2 - 1] + values[m / 2]) / 2;
-}
 
 /// Round times, CPU, medians, bandwidth and memory from every process's record.
 void summarise(const options& o, const std::vector<child_record>& records, cell& c) {

@@ -34,6 +34,7 @@
 // of 1024 peers: 1,047,552 connections).
 #include "averaging/moshpit_swarm.hpp"
 #include "json.hpp"
+#include "statistics.hpp"
 
 #include <hivemesh/averaging/allreduce.hpp>
 #include <hivemesh/averaging/group_key.hpp>
@@ -62,6 +63,7 @@ namespace {
 using namespace hivemesh;
 using hivemesh::bench::json_number;
 using hivemesh::bench::json_string;
+using hivemesh::bench::median;
 using hivemesh::test::moshpit_swarm;
 using hivemesh::test::peer_groups;
 
@@ -363,13 +365,6 @@ run_record run_one(const options& o, const swarm_size& size, strategy how, doubl
 }
 
 // ---- summaries ---------------------------------------------------------------------------
-
-double median(std::vector<double> v) {
-    if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 double sum(const std::vector<double>& v) {
     double total = 0;
