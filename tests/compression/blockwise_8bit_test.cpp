@@ -56,9 +56,11 @@ TEST_CASE("the dynamic map has 256 sorted entries from -0.99296875 to 1", "[bloc
     CHECK(map.front() == Approx(-0.99296875).epsilon(1e-7));
     CHECK(map.back() == 1.0f);
     CHECK(map[127] == 0.0f);
-    for (std::size_t i = 1; i < map.size(); ++i) CHECK(map[i - 1] < map[i]);
+    for (std::size_t i = 1; i < map.size(); ++i)
+        CHECK(map[i - 1] < map[i]);
     // Symmetric apart from +1.0: entry 127 - k is the negation of entry 127 + k.
-    for (std::size_t k = 1; k <= 127; ++k) CHECK(map[127 - k] == -map[127 + k]);
+    for (std::size_t k = 1; k <= 127; ++k)
+        CHECK(map[127 - k] == -map[127 + k]);
     // Spot values from the formula: decade 0 is the single value 1e-6 * 0.55.
     CHECK(map[128] == Approx(0.55e-6).epsilon(1e-6));
     CHECK(map[254] == Approx(0.1 + 0.9 * 127.0 / 128.0).epsilon(1e-7));
@@ -84,6 +86,14 @@ TEST_CASE("quantization picks the nearest map entry", "[blockwise]") {
         values.push_back(std::nextafter(mid, 2.0f));
         values.push_back(std::nextafter(mid, -2.0f));
     }
+    // Both ends and the middle of every table cell, up to past 1.0 (rounding can give
+    // slightly more), where the vector path's clamped keys and low-bit comparison act.
+    for (std::uint32_t key = 0; key <= detail::magnitude_table::max_key + 1; ++key)
+        for (const std::uint32_t low : {0x0000u, 0x0001u, 0x8000u, 0xFFFFu}) {
+            const float v = std::bit_cast<float>((key << 16) | low);
+            values.push_back(v);
+            values.push_back(-v);
+        }
     values.push_back(1.0f);
     values.push_back(-1.0f);
     values.push_back(0.0f);
@@ -134,7 +144,8 @@ TEST_CASE("blockwise_8bit on N(0,1), n = 2^20, block 4096", "[blockwise]") {
 
     for (std::size_t start = 0; start < x.size(); start += 4096) {
         float absmax = 0;
-        for (std::size_t i = start; i < start + 4096; ++i) absmax = std::max(absmax, std::abs(x[i]));
+        for (std::size_t i = start; i < start + 4096; ++i)
+            absmax = std::max(absmax, std::abs(x[i]));
         for (std::size_t i = start; i < start + 4096; ++i)
             // The bound of DESIGN §8, up to float rounding of the map entries themselves.
             REQUIRE(std::abs(x[i] - y[i]) <= 0.00703125f * absmax * (1 + 1e-5f));
@@ -146,7 +157,8 @@ TEST_CASE("blockwise_8bit stores one absmax per block and the nearest codes", "[
     const std::size_t n = 3 * block + 5;
     CAPTURE(block);
     auto x = test::make_data(test::pattern::normal, n, 99);
-    std::fill(x.begin() + static_cast<std::ptrdiff_t>(block), x.begin() + 2 * static_cast<std::ptrdiff_t>(block), 0.0f);
+    std::fill(x.begin() + static_cast<std::ptrdiff_t>(block),
+              x.begin() + 2 * static_cast<std::ptrdiff_t>(block), 0.0f);
     const auto buffer = compress(kind::blockwise_8bit, x, {.block_size = block});
     const std::size_t blocks = 4;
     REQUIRE(buffer.size() == 16 + 4 + 4 * blocks + n);
@@ -157,7 +169,8 @@ TEST_CASE("blockwise_8bit stores one absmax per block and the nearest codes", "[
     for (std::size_t b = 0; b < blocks; ++b) {
         const std::size_t begin = b * block, end = std::min(n, begin + block);
         float absmax = 0;
-        for (std::size_t i = begin; i < end; ++i) absmax = std::max(absmax, std::abs(x[i]));
+        for (std::size_t i = begin; i < end; ++i)
+            absmax = std::max(absmax, std::abs(x[i]));
         float stored = 0;
         std::memcpy(&stored, buffer.data() + 20 + 4 * b, 4);
         CHECK(stored == absmax);
@@ -171,7 +184,8 @@ TEST_CASE("blockwise_8bit stores one absmax per block and the nearest codes", "[
         }
     }
     const auto y = decompress(buffer);
-    for (std::size_t i = block; i < 2 * block; ++i) REQUIRE(y[i] == 0.0f); // all-zero block
+    for (std::size_t i = block; i < 2 * block; ++i)
+        REQUIRE(y[i] == 0.0f); // all-zero block
 }
 
 TEST_CASE("blockwise_8bit handles extreme block scales", "[blockwise]") {
@@ -186,7 +200,8 @@ TEST_CASE("blockwise_8bit handles extreme block scales", "[blockwise]") {
         const auto y = decompress(compress(kind::blockwise_8bit, x, {.block_size = 64}));
         for (std::size_t i = 0; i < x.size(); ++i) {
             REQUIRE(std::isfinite(y[i]));
-            REQUIRE(std::abs(static_cast<double>(x[i]) - y[i]) <= 0.00703125 * scale * (1 + 1e-5) + 1e-45);
+            REQUIRE(std::abs(static_cast<double>(x[i]) - y[i]) <=
+                    0.00703125 * scale * (1 + 1e-5) + 1e-45);
         }
     }
 }

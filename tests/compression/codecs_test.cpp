@@ -121,6 +121,9 @@ TEST_CASE("decompress_add and decompress_finite_into: exact, from odd addresses,
             CHECK(decompress_add(buffer, shorter, 1.0f, scratch) == errc::size_mismatch);
             CHECK(decompress_finite_into(buffer.first(buffer.size() - 1), got, scratch));
             CHECK(got == decoded);
+            const std::vector<float> before = sum;
+            CHECK(decompress_add(buffer.first(buffer.size() - 1), sum, 1.0f, scratch));
+            CHECK(sum == before);
             CHECK(std::all_of(shorter.begin(), shorter.end(), [](float v) { return v == 2.0f; }));
         }
     // A non-finite value anywhere is refused before anything is written.
@@ -139,6 +142,35 @@ TEST_CASE("decompress_add and decompress_finite_into: exact, from odd addresses,
         CHECK(decompress_finite_into(buffer, sum, scratch) == errc::non_finite_input);
         CHECK(std::all_of(sum.begin(), sum.end(), [](float v) { return v == 1.0f; }));
     }
+}
+
+TEST_CASE("all_finite finds a NaN or infinity at any position of any length, at any address",
+          "[compression]") {
+    const std::uint32_t non_finite[] = {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u,
+                                        0xFFFFFFFFu};
+    const std::uint32_t finite[] = {0x7F7FFFFFu, 0xFF7FFFFFu, 0x00000001u,
+                                    0x80000000u, 0x3F800000u, 0x7F000000u};
+    std::vector<std::byte> storage(4 * 40 + 3);
+    auto store = [&](std::size_t offset, std::size_t i, std::uint32_t bits) {
+        std::memcpy(storage.data() + offset + 4 * i, &bits, 4);
+    };
+    for (std::size_t offset = 0; offset < 4; ++offset)
+        for (std::size_t n = 0; n <= 40; ++n) {
+            const std::byte* values = storage.data() + offset;
+            for (std::size_t i = 0; i < n; ++i)
+                store(offset, i, finite[i % std::size(finite)]);
+            INFO("offset " << offset << ", " << n << " values");
+            REQUIRE(hivemesh::compression::detail::all_finite(values, n));
+            REQUIRE(hivemesh::compression::detail::all_finite_portable(values, n));
+            for (std::size_t at = 0; at < n; ++at)
+                for (const std::uint32_t bad : non_finite) {
+                    store(offset, at, bad);
+                    INFO("bits " << bad << " at " << at);
+                    REQUIRE_FALSE(hivemesh::compression::detail::all_finite(values, n));
+                    REQUIRE_FALSE(hivemesh::compression::detail::all_finite_portable(values, n));
+                    store(offset, at, finite[at % std::size(finite)]);
+                }
+        }
 }
 
 TEST_CASE("8-bit codecs decode only finite values from any valid buffer; meanstd_16bit is "
@@ -344,6 +376,24 @@ TEST_CASE("non-finite inputs follow the documented rule", "[compression]") {
         x[2] = -inf;
         x[3] = inf;
     }
+
+    // blockwise_8bit finds them while it encodes, in any block, on any thread.
+    std::vector<float> blocks(10 * 64 + 5, 0.25f);
+    for (const float bad : {nan, -inf})
+        for (const std::size_t at : {std::size_t{0}, std::size_t{7 * 64 + 3}, blocks.size() - 1})
+            for (const unsigned threads : {1u, 3u}) {
+                CAPTURE(bad, at, threads);
+                options opts;
+                opts.block_size = 64;
+                opts.threads = threads;
+                blocks[at] = bad;
+                byte_buffer out = {std::byte{42}};
+                CHECK(compress_into(kind::blockwise_8bit, blocks, out, opts) ==
+                      errc::non_finite_input);
+                CHECK(out == byte_buffer{std::byte{42}});
+                blocks[at] = 0.25f;
+                CHECK_FALSE(compress_into(kind::blockwise_8bit, blocks, out, opts));
+            }
 }
 
 TEST_CASE("threads split work without changing the bytes", "[compression]") {

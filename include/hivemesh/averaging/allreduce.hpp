@@ -481,21 +481,24 @@ private:
             if (!ec && r.st->rounds.contains(r.group.id)) ec = errc::invalid_argument;
             if (ec) co_return std::pair{ec, allreduce_result{}};
 
+            r.layout();
             std::error_code bad_values;
-            if (sends_values(r.role())) {
-                auto prepare = [&r, &bad_values] {
+            auto prepare = [&r, &bad_values] {
+                if (sends_values(r.role())) {
                     if (!r.tensors.empty()) {
                         r.owned.resize(tensor::total_size(r.tensors));
                         tensor::flatten_to(r.tensors, r.owned);
                         r.local = r.owned;
                     }
-                    if (!compression::detail::all_finite(r.local))
+                    if (!compression::detail::all_finite(r.local)) {
                         bad_values = errc::invalid_argument;
-                };
-                co_await detail::offload(r.st->compute, prepare);
-            }
+                        return;
+                    }
+                }
+                r.start_sums();
+            };
+            co_await detail::offload(r.st->compute, prepare);
             if (bad_values) co_return std::pair{bad_values, allreduce_result{}};
-            r.layout();
             // Visible to incoming senders only now that the sums and slots exist.
             if (!r.st->rounds.try_emplace(r.group.id, self).second)
                 co_return std::pair{make_error_code(errc::invalid_argument), allreduce_result{}};
@@ -568,14 +571,28 @@ private:
             if (reducing()) {
                 const std::size_t parts = parts_of(me);
                 const bool mine = sends_values(role());
-                sums = std::exchange(st->spare_sums, {});
-                sums.assign(spans[me].size, 0.0f);
                 part_weight.assign(parts, mine ? weight : 0.0);
                 part_contributors.assign(parts, std::vector<bool>(n, false));
                 for (auto& who : part_contributors)
                     who[me] = mine;
                 results.resize(parts);
             }
+        }
+
+        /// Our span's sums start as our weighted values (zero for aux): one pass, not a
+        /// zero fill and an addition. Before the round is registered, so no part is in yet.
+        void start_sums() {
+            if (!reducing()) return;
+            const auto own = spans[me];
+            sums = std::exchange(st->spare_sums, {});
+            sums.resize(own.size);
+            if (!sends_values(role())) {
+                std::fill(sums.begin(), sums.end(), 0.0f);
+                return;
+            }
+            const auto w = static_cast<float>(weight);
+            for (std::size_t i = 0; i < own.size; ++i)
+                sums[i] = w * local[own.begin + i];
         }
 
         allreduce_result summarise() {
@@ -598,15 +615,6 @@ private:
         static asio::awaitable<void> reduce(std::shared_ptr<round> self) {
             auto& r = *self;
             const std::size_t parts = r.parts_of(r.me);
-            const auto own = r.spans[r.me];
-            if (sends_values(r.role())) { // an addition: senders' parts may be in already
-                auto add_own = [&r, own] {
-                    const auto w = static_cast<float>(r.weight);
-                    for (std::size_t i = 0; i < own.size; ++i)
-                        r.sums[i] += w * r.local[own.begin + i];
-                };
-                co_await detail::offload(r.st->reduce, add_own);
-            }
             while (r.ready < parts && !r.aborted) {
                 if (!r.part_complete(r.ready)) {
                     co_await r.progress.wait();

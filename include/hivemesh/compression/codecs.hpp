@@ -16,10 +16,12 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -237,16 +239,18 @@ void quantize_block_scalar(std::span<const float> block, float absmax,
 }
 
 #ifdef HIVEMESH_X86
-/// AVX2 form of quantize_block_scalar<false>, eight elements at a time; same codes.
+/// AVX2 form of quantize_block_scalar<false>, eight elements at a time; same codes. One
+/// gather per eight: the cell's midpoint is compared by its low bits (magnitude_table::cells).
 __attribute__((target("avx2"))) inline void
 quantize_block_avx2(std::span<const float> block, float absmax, std::uint8_t* codes) noexcept {
     const auto& table = blockwise_magnitudes();
-    const auto* const first_index = reinterpret_cast<const int*>(table.first_index.data());
-    const float* const midpoints = table.midpoints.data();
+    const auto* const cells = reinterpret_cast<const int*>(table.cells.data());
     const __m256 inverse = _mm256_set1_ps(1.0f / absmax);
     const __m256 magnitude_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i low_key = _mm256_set1_epi32(static_cast<int>(table.low_key));
     const __m256i max_key = _mm256_set1_epi32(static_cast<int>(magnitude_table::max_key));
     const __m256i low_byte = _mm256_set1_epi32(0xFF);
+    const __m256i low_bits = _mm256_set1_epi32(0xFFFF);
     const __m256i zero_code = _mm256_set1_epi32(127);
     // Gathers bytes 0, 4, 8, 12 of each 128-bit lane into its first four bytes.
     const __m256i pick_low_bytes =
@@ -256,13 +260,17 @@ quantize_block_avx2(std::span<const float> block, float absmax, std::uint8_t* co
     for (; i + 8 <= block.size(); i += 8) {
         const __m256 x = _mm256_loadu_ps(block.data() + i);
         const __m256i negative = _mm256_srai_epi32(_mm256_castps_si256(x), 31); // all ones if < 0
-        const __m256 y = _mm256_mul_ps(_mm256_and_ps(x, magnitude_mask), inverse);
-        const __m256i key =
-            _mm256_min_epu32(_mm256_srli_epi32(_mm256_castps_si256(y), 16), max_key);
-        __m256i j = _mm256_and_si256(_mm256_i32gather_epi32(first_index, key, 1), low_byte);
-        const __m256 mid = _mm256_i32gather_ps(midpoints, j, 4);
-        const __m256i above = _mm256_castps_si256(_mm256_cmp_ps(y, mid, _CMP_GT_OQ));
-        const __m256i tie = _mm256_castps_si256(_mm256_cmp_ps(y, mid, _CMP_EQ_OQ));
+        const __m256i y =
+            _mm256_castps_si256(_mm256_mul_ps(_mm256_and_ps(x, magnitude_mask), inverse));
+        const __m256i key = _mm256_sub_epi32(
+            _mm256_max_epu32(_mm256_min_epu32(_mm256_srli_epi32(y, 16), max_key), low_key),
+            low_key);
+        const __m256i cell = _mm256_i32gather_epi32(cells, key, 4);
+        __m256i j = _mm256_and_si256(cell, low_byte);
+        const __m256i mid = _mm256_srli_epi32(cell, 8);
+        const __m256i below = _mm256_and_si256(y, low_bits);
+        const __m256i above = _mm256_cmpgt_epi32(below, mid);
+        const __m256i tie = _mm256_cmpeq_epi32(below, mid);
         j = _mm256_sub_epi32(j, _mm256_or_si256(above, _mm256_and_si256(tie, negative)));
         const __m256i positive_code = _mm256_add_epi32(zero_code, j);
         const __m256i negative_code = _mm256_sub_epi32(zero_code, _mm256_min_epu32(j, zero_code));
@@ -320,40 +328,92 @@ inline float block_absmax(std::span<const float> block) noexcept {
     return std::bit_cast<float>(largest);
 }
 
-/// True when no element is NaN or infinite: NaN and infinity have the largest magnitude bits.
-inline bool all_finite(std::span<const float> values) noexcept {
-    return std::bit_cast<std::uint32_t>(block_absmax(values)) < 0x7F800000u;
+/// The exponent bits of a float32: all ones exactly for NaN and infinity.
+inline constexpr std::uint32_t exponent_bits = 0x7F800000u;
+
+#ifdef HIVEMESH_X86
+__attribute__((target("avx2"))) inline bool all_finite_avx2(const std::byte* bytes,
+                                                            std::size_t n) noexcept {
+    const __m256i exponent = _mm256_set1_epi32(static_cast<int>(exponent_bits));
+    __m256i bad = _mm256_setzero_si256();
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + 4 * i));
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), exponent));
+    }
+    bool finite = _mm256_testz_si256(bad, bad) != 0;
+    for (; i < n; ++i) {
+        std::uint32_t bits;
+        std::memcpy(&bits, bytes + 4 * i, 4);
+        finite &= (bits & exponent_bits) != exponent_bits;
+    }
+    return finite;
+}
+#endif
+
+/// all_finite() without run-time dispatch.
+inline bool all_finite_portable(const std::byte* bytes, std::size_t n) noexcept {
+    std::uint32_t bad = 0; // branch-free, so it vectorises
+    for (std::size_t i = 0; i < n; ++i) {
+        std::uint32_t bits;
+        std::memcpy(&bits, bytes + 4 * i, 4);
+        bad |= static_cast<std::uint32_t>((bits & exponent_bits) == exponent_bits);
+    }
+    return bad == 0;
 }
 
-inline void encode_blockwise_8bit(std::span<const float> in, std::size_t block_size,
+/// True when none of the `n` float32 values stored at `bytes` (native byte order, any
+/// alignment) is NaN or infinite. One pass of an AND, a compare and an OR per value.
+inline bool all_finite(const std::byte* bytes, std::size_t n) noexcept {
+#ifdef HIVEMESH_X86
+    if (cpu().avx2) return all_finite_avx2(bytes, n);
+#endif
+    return all_finite_portable(bytes, n);
+}
+
+/// True when no element is NaN or infinite.
+inline bool all_finite(std::span<const float> values) noexcept {
+    return all_finite(reinterpret_cast<const std::byte*>(values.data()), values.size());
+}
+
+/// Returns false, with `out` half written, when `in` holds a NaN or infinity: a block's
+/// largest magnitude shows it, so the input needs no separate finite pass.
+inline bool encode_blockwise_8bit(std::span<const float> in, std::size_t block_size,
                                   unsigned threads, std::byte* out) {
     const std::size_t blocks = block_count(in.size(), block_size);
     const std::uint32_t stored_block_size = static_cast<std::uint32_t>(block_size);
     copy_bytes(out, &stored_block_size, 4);
     auto* absmax_out = out + 4;
     auto* codes = reinterpret_cast<std::uint8_t*>(out + 4 + 4 * blocks);
+    std::atomic<bool> finite{true};
     parallel_ranges(in.size(), block_size, threads, [&](std::size_t begin, std::size_t end) {
         for (std::size_t start = begin; start < end; start += block_size) {
             const auto block = in.subspan(start, std::min(block_size, end - start));
             const float absmax = block_absmax(block);
             copy_bytes(absmax_out + 4 * (start / block_size), &absmax, 4);
-            if (absmax == 0.0f)
+            if (std::bit_cast<std::uint32_t>(absmax) >= exponent_bits)
+                finite.store(false, std::memory_order_relaxed);
+            else if (absmax == 0.0f)
                 std::memset(codes + start, 127, block.size());
             else
                 quantize_block(block, absmax, codes + start);
         }
     });
+    return finite.load(std::memory_order_relaxed);
 }
 
 /// Writes the payload of `in` encoded with `k` to `out` (payload_size bytes). The caller
-/// has checked the parameters and, for statistical codecs, that the input is finite.
-inline void encode(kind k, std::span<const float> in, const encode_params& p, std::byte* out) {
+/// has checked the parameters and, for the statistical codecs other than blockwise_8bit,
+/// that the input is finite; blockwise_8bit finds non-finite input itself and returns
+/// non_finite_input, with `out` half written.
+inline std::error_code encode(kind k, std::span<const float> in, const encode_params& p,
+                              std::byte* out) {
     switch (k) {
     case kind::none:
         parallel_ranges(in.size(), 1 << 16, p.threads, [&](std::size_t b, std::size_t e) {
             copy_bytes(out + 4 * b, in.data() + b, 4 * (e - b));
         });
-        return;
+        return {};
     case kind::float16: {
         // `out` may follow an odd-length prefix (compress_into appends): stage when unaligned.
         const bool aligned = reinterpret_cast<std::uintptr_t>(out) % alignof(std::uint16_t) == 0;
@@ -366,17 +426,22 @@ inline void encode(kind k, std::span<const float> in, const encode_params& p, st
             floats_to_halves(in.data() + b, staged.data(), e - b);
             copy_bytes(out + 2 * b, staged.data(), 2 * (e - b));
         });
-        return;
+        return {};
     }
     case kind::meanstd_16bit:
-        return encode_meanstd(in, row_length_for(in.size(), p.row_length), out);
+        encode_meanstd(in, row_length_for(in.size(), p.row_length), out);
+        return {};
     case kind::uniform_8bit:
-        return encode_uniform_8bit(in, out);
+        encode_uniform_8bit(in, out);
+        return {};
     case kind::quantile_8bit:
-        return encode_quantile_8bit(in, out);
+        encode_quantile_8bit(in, out);
+        return {};
     case kind::blockwise_8bit:
-        return encode_blockwise_8bit(in, p.block_size, p.threads, out);
+        if (!encode_blockwise_8bit(in, p.block_size, p.threads, out)) return errc::non_finite_input;
+        return {};
     }
+    return errc::unknown_codec;
 }
 
 // ---------------------------------------------------------------- decoders
@@ -389,6 +454,47 @@ inline bool read_finite_floats(binary_reader& r, std::span<float> out, bool posi
     for (float v : out)
         if (!std::isfinite(v) || (positive ? !(v > 0) : false)) return r.fail(errc::corrupt_data);
     return true;
+}
+
+/// Decodes a blockwise_8bit payload into `out` or, given `add_scale`, adds add_scale times
+/// each value to `out` (the same roundings as decoding first, without a scratch pass).
+/// `out` is written only once every field has been validated.
+inline void decode_blockwise_8bit(binary_reader& r, std::span<float> out, unsigned threads,
+                                  std::optional<float> add_scale) {
+    const std::size_t n = out.size();
+    const auto block_size = r.read<std::uint32_t>();
+    if (!r.ok()) return;
+    if (block_size < min_block_size || block_size > max_block_size) {
+        r.fail(errc::corrupt_data);
+        return;
+    }
+    const std::size_t blocks = block_count(n, block_size);
+    const byte_view absmax_bytes = r.read_bytes(4 * blocks);
+    const byte_view codes = r.read_bytes(n);
+    if (r.finish()) return;
+    std::vector<float> absmax(blocks);
+    copy_bytes(absmax.data(), absmax_bytes.data(), absmax_bytes.size());
+    for (float a : absmax)
+        if (!std::isfinite(a) || a < 0) r.fail(errc::corrupt_data);
+    if (!r.ok()) return;
+    const auto& map = dynamic_map();
+    parallel_ranges(n, block_size, threads, [&](std::size_t begin, std::size_t end) {
+        std::array<float, 256> scaled;
+        for (std::size_t start = begin; start < end; start += block_size) {
+            for (std::size_t c = 0; c < 256; ++c)
+                scaled[c] = map[c] * absmax[start / block_size];
+            const std::size_t stop = std::min(end, start + block_size);
+            if (add_scale) {
+                for (float& v : scaled)
+                    v *= *add_scale;
+                for (std::size_t i = start; i < stop; ++i)
+                    out[i] += scaled[static_cast<std::uint8_t>(codes[i])];
+            } else {
+                for (std::size_t i = start; i < stop; ++i)
+                    out[i] = scaled[static_cast<std::uint8_t>(codes[i])];
+            }
+        }
+    });
 }
 
 /// Decodes the payload that follows a validated header into `out` (size == count). Every
@@ -453,36 +559,9 @@ inline std::error_code decode(kind k, binary_reader& r, std::span<float> out, un
             out[i] = codebook[static_cast<std::uint8_t>(codes[i])];
         break;
     }
-    case kind::blockwise_8bit: {
-        const auto block_size = r.read<std::uint32_t>();
-        if (!r.ok()) break;
-        if (block_size < min_block_size || block_size > max_block_size) {
-            r.fail(errc::corrupt_data);
-            break;
-        }
-        const std::size_t blocks = block_count(n, block_size);
-        const byte_view absmax_bytes = r.read_bytes(4 * blocks);
-        const byte_view codes = r.read_bytes(n);
-        if (r.finish()) break;
-        // Validate every scale before writing anything, so a bad buffer leaves `out` as it was.
-        std::vector<float> absmax(blocks);
-        copy_bytes(absmax.data(), absmax_bytes.data(), absmax_bytes.size());
-        for (float a : absmax)
-            if (!std::isfinite(a) || a < 0) r.fail(errc::corrupt_data);
-        if (!r.ok()) break;
-        const auto& map = dynamic_map();
-        parallel_ranges(n, block_size, threads, [&](std::size_t begin, std::size_t end) {
-            std::array<float, 256> scaled;
-            for (std::size_t start = begin; start < end; start += block_size) {
-                for (std::size_t c = 0; c < 256; ++c)
-                    scaled[c] = map[c] * absmax[start / block_size];
-                const std::size_t stop = std::min(end, start + block_size);
-                for (std::size_t i = start; i < stop; ++i)
-                    out[i] = scaled[static_cast<std::uint8_t>(codes[i])];
-            }
-        });
+    case kind::blockwise_8bit:
+        decode_blockwise_8bit(r, out, threads, std::nullopt);
         break;
-    }
     }
     return r.finish();
 }

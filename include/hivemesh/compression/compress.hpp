@@ -44,6 +44,27 @@ inline std::size_t compressed_size(kind k, std::size_t count, const options& opt
            detail::payload_size(k, count, {opts.block_size, opts.row_length, opts.threads});
 }
 
+namespace detail {
+
+/// validate() without the finite check.
+inline std::error_code check_options(kind k, std::size_t count, const options& opts) noexcept {
+    if (!is_known(k)) return errc::unknown_codec;
+    if (!is_known(opts.original)) return errc::invalid_argument;
+    if (k == kind::blockwise_8bit &&
+        (opts.block_size < min_block_size || opts.block_size > max_block_size))
+        return errc::invalid_argument;
+    if (k == kind::meanstd_16bit && opts.row_length != 0 &&
+        (count % opts.row_length != 0 || count == 0))
+        return errc::invalid_argument;
+    return {};
+}
+
+constexpr bool refuses_non_finite(kind k) noexcept {
+    return k != kind::none && k != kind::float16;
+}
+
+} // namespace detail
+
 /// Checks `opts` and `values` for codec `k`; returns invalid_argument for a bad block size
 /// or row length, non_finite_input for NaN or infinity given to a statistical codec.
 ///
@@ -53,23 +74,18 @@ inline std::size_t compressed_size(kind k, std::size_t count, const options& opt
 /// would poison the statistics of every other element.
 inline std::error_code validate(kind k, std::span<const float> values,
                                 const options& opts) noexcept {
-    if (!is_known(k)) return errc::unknown_codec;
-    if (!is_known(opts.original)) return errc::invalid_argument;
-    if (k == kind::blockwise_8bit &&
-        (opts.block_size < detail::min_block_size || opts.block_size > detail::max_block_size))
-        return errc::invalid_argument;
-    if (k == kind::meanstd_16bit && opts.row_length != 0 &&
-        (values.size() % opts.row_length != 0 || values.empty()))
-        return errc::invalid_argument;
-    if (k != kind::none && k != kind::float16 && !detail::all_finite(values))
-        return errc::non_finite_input;
+    if (auto ec = detail::check_options(k, values.size(), opts)) return ec;
+    if (detail::refuses_non_finite(k) && !detail::all_finite(values)) return errc::non_finite_input;
     return {};
 }
 
 /// Appends the compressed form of `values` to `out`. On error `out` is unchanged.
 inline std::error_code compress_into(kind k, std::span<const float> values, byte_buffer& out,
                                      const options& opts = {}) {
-    if (auto ec = validate(k, values, opts)) return ec;
+    if (auto ec = detail::check_options(k, values.size(), opts)) return ec;
+    // blockwise_8bit sees a non-finite value in its block scales: no separate pass.
+    if (detail::refuses_non_finite(k) && k != kind::blockwise_8bit && !detail::all_finite(values))
+        return errc::non_finite_input;
     const detail::encode_params params{opts.block_size, opts.row_length, opts.threads};
     const std::size_t payload = detail::payload_size(k, values.size(), params);
     const std::size_t start = out.size();
@@ -80,8 +96,9 @@ inline std::error_code compress_into(kind k, std::span<const float> values, byte
         if (k == kind::none && params.threads <= 1) { // one copy, without zero-filling first
             const auto* bytes = reinterpret_cast<const std::byte*>(values.data());
             out.insert(out.end(), bytes, bytes + payload);
-        } else {
-            detail::encode(k, values, params, writer.grow(payload));
+        } else if (auto ec = detail::encode(k, values, params, writer.grow(payload))) {
+            out.resize(start);
+            return ec;
         }
     } catch (...) {
         out.resize(start);
@@ -147,10 +164,7 @@ std::error_code decode_finite(byte_view buffer, std::size_t n, std::vector<float
             std::memcpy(&v, raw + 4 * i, sizeof v);
             return v;
         };
-        std::uint32_t largest = 0; // of the magnitudes' bit patterns: branch-free, vectorises
-        for (std::size_t i = 0; i < n; ++i)
-            largest = std::max(largest, std::bit_cast<std::uint32_t>(value_at(i)) & 0x7FFFFFFFu);
-        if (largest >= 0x7F800000u) return errc::non_finite_input;
+        if (!all_finite(raw, n)) return errc::non_finite_input;
         apply(value_at);
         return {};
     }
@@ -185,6 +199,14 @@ inline std::error_code decompress_finite_into(byte_view buffer, std::span<float>
 /// is unchanged.
 inline std::error_code decompress_add(byte_view buffer, std::span<float> sum, float scale,
                                       std::vector<float>& scratch, const limits& lim = {}) {
+    binary_reader reader(buffer);
+    const header h = detail::read_header(reader, lim.max_elements);
+    if (!reader.ok()) return reader.error();
+    if (h.codec == kind::blockwise_8bit) { // finite by construction; added as it decodes
+        if (h.count != sum.size()) return errc::size_mismatch;
+        detail::decode_blockwise_8bit(reader, sum, lim.threads, scale);
+        return reader.finish();
+    }
     return detail::decode_finite(buffer, sum.size(), scratch, lim, [sum, scale](auto value_at) {
         for (std::size_t i = 0; i < sum.size(); ++i)
             sum[i] += scale * value_at(i);

@@ -61,6 +61,14 @@ struct magnitude_table {
     std::array<float, 129> midpoints{};    // midpoints[128] = +inf
     std::vector<std::uint8_t> first_index; // per key: number of midpoints below the cell
 
+    /// The same for a vector unit, in one gather: per key from `low_key` (smaller keys
+    /// are clamped to it: its cell and all below hold no midpoint), the number of
+    /// midpoints below the cell | (the low 16 bits of the midpoint inside the cell, or
+    /// no_midpoint) << 8. Within a cell the low bits order values as the floats do.
+    static constexpr std::uint32_t no_midpoint = 0x10000; // above every low-16-bit value
+    std::uint32_t low_key = 0;
+    std::vector<std::uint32_t> cells;
+
     static std::uint32_t key_of(float y) noexcept {
         return std::min(std::bit_cast<std::uint32_t>(y) >> 16, max_key);
     }
@@ -104,6 +112,14 @@ inline const magnitude_table& blockwise_magnitudes() {
             while (below < 128 && t.midpoints[below] < lo)
                 ++below;
             t.first_index[key] = static_cast<std::uint8_t>(below);
+        }
+        t.low_key = (std::bit_cast<std::uint32_t>(t.midpoints[0]) >> 16) - 1;
+        for (std::uint32_t key = t.low_key; key <= magnitude_table::max_key; ++key) {
+            const std::uint32_t below = t.first_index[key];
+            const std::uint32_t mid = std::bit_cast<std::uint32_t>(t.midpoints[below]);
+            const std::uint32_t low_bits =
+                (mid >> 16) == key ? mid & 0xFFFFu : magnitude_table::no_midpoint;
+            t.cells.push_back(below | (low_bits << 8));
         }
         return t;
     }();
