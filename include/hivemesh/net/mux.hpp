@@ -151,7 +151,12 @@ struct stream_state {
     // Receiving.
     std::deque<byte_buffer> inbox; ///< complete messages for the application
     std::size_t inbox_bytes = 0;
-    byte_buffer partial;        ///< the message being assembled
+    byte_buffer partial;    ///< the message being assembled ...
+    std::size_t filled = 0; ///< ... in its first `filled` bytes (the rest is stale)
+    void drop_partial() noexcept {
+        partial.clear();
+        filled = 0;
+    }
     std::size_t last_size = 0;  ///< of the last message that took several frames
     std::uint64_t received = 0; ///< payload bytes received
     std::uint64_t credited = 0; ///< ... of which credited back to the sender
@@ -474,7 +479,7 @@ private:
                                                              placement_, placed);
             // place() may have chosen a stream whose message the read was filling.
             const stream_ptr landed = std::exchange(landing_, nullptr);
-            if (landed && landed->finished) landed->partial.clear();
+            if (landed && landed->finished) landed->drop_partial();
             if (read) {
                 fail(read == asio::error::eof ? make_error_code(errc::connection_closed) : read);
                 break;
@@ -515,7 +520,7 @@ private:
         case frame_type::reset:
             if (auto s = find(f.stream)) {
                 if (f.value == 0) { // the peer is done: it reads nothing more, sends nothing more
-                    if (!s->partial.empty()) return errc::protocol_violation;
+                    if (s->filled != 0) return errc::protocol_violation;
                     s->remote_ended = true;
                     finish(s, {});
                     return {};
@@ -584,12 +589,13 @@ private:
 
         s->received += f.payload.size();
         if (s->received - s->credited > options_.initial_window) return errc::protocol_violation;
-        if (s->partial.size() + f.payload.size() > options_.max_message_size) {
+        if (s->filled + f.payload.size() > options_.max_message_size) {
             reset(s, errc::message_too_large);
             return {};
         }
         make_room(s, f.flags, f.payload.size());
-        s->partial.insert(s->partial.end(), f.payload.begin(), f.payload.end());
+        const auto room = extend(s, f.payload.size());
+        std::copy(f.payload.begin(), f.payload.end(), room.begin());
         count_buffered(f.payload.size());
         return end_frame(s, f.flags, f.payload.size());
     }
@@ -606,23 +612,30 @@ private:
             return {};
         const stream_ptr s = find(f.stream);
         if (!s || s->remote_ended || s->received + rest - s->credited > options_.initial_window ||
-            s->partial.size() + rest > options_.max_message_size)
+            s->filled + rest > options_.max_message_size)
             return {};
         // Counted as received and buffered from now on, as on_data does after its copy.
         s->received += rest;
         make_room(s, f.flags, rest);
-        const std::size_t offset = s->partial.size();
-        s->partial.resize(offset + rest);
         count_buffered(rest);
         landing_ = s;
-        return std::span(s->partial).subspan(offset);
+        return extend(s, rest);
+    }
+
+    /// The next `n` bytes of `s`'s message, to be written. Storage reused from an earlier
+    /// message is written over, not zero-filled first: only growth past it is.
+    static std::span<std::byte> extend(const stream_ptr& s, std::size_t n) {
+        const std::size_t offset = s->filled;
+        if (s->partial.size() < offset + n) s->partial.resize(offset + n);
+        s->filled += n;
+        return std::span(s->partial).subspan(offset, n);
     }
 
     /// A message in several frames is probably as large as the last such one (a bulk
     /// transfer's parts): room for it at once saves regrowing copies. At most a window,
     /// so a stream never holds more than its window ahead.
     void make_room(const stream_ptr& s, std::uint8_t flags, std::size_t frame_size) {
-        if (!s->partial.empty() || (flags & frame_flags::end_message) != 0) return;
+        if (s->filled != 0 || (flags & frame_flags::end_message) != 0) return;
         const std::size_t size =
             std::clamp<std::size_t>(s->last_size, frame_size, options_.initial_window);
         const auto fits =
@@ -639,12 +652,11 @@ private:
     /// Keeps the storage of the message the application read before (at most a window of
     /// it) to land a later one in, on any stream of the connection: a bulk transfer's parts
     /// would otherwise each take a fresh allocation, which glibc may map and page-fault in
-    /// anew.
+    /// anew. Its bytes stay (see extend()).
     void keep_spare(byte_buffer& previous) {
         if (previous.capacity() < options_.frame_payload ||
             previous.capacity() > options_.initial_window)
             return;
-        previous.clear();
         if (spares_.size() == max_spares) spares_.erase(spares_.begin()); // the oldest
         spares_.push_back(std::move(previous));
     }
@@ -658,6 +670,7 @@ private:
     /// After a data frame's `frame_size` payload bytes were appended to `s->partial`.
     std::error_code end_frame(const stream_ptr& s, std::uint8_t flags, std::size_t frame_size) {
         if (flags & frame_flags::end_message) {
+            s->partial.resize(s->filled); // drops stale bytes; never writes
             if (s->partial.size() > frame_size) {
                 s->last_size = s->partial.size();
                 // A smaller message than guessed gives the room back rather than hold it.
@@ -666,9 +679,10 @@ private:
             s->inbox_bytes += s->partial.size();
             s->inbox.push_back(std::move(s->partial));
             s->partial = {};
+            s->filled = 0;
         }
         if (flags & frame_flags::end_stream) {
-            if (!s->partial.empty()) return errc::protocol_violation; // ended mid-message
+            if (s->filled != 0) return errc::protocol_violation; // ended mid-message
             s->remote_ended = true;
             maybe_finish(s);
         }
@@ -683,7 +697,7 @@ private:
         if (s->remote_ended || s->failure) return;
         const std::uint64_t uncredited = s->received - s->credited;
         std::uint64_t hold = s->inbox_bytes;
-        if (!s->inbox.empty() || buffered_ > options_.max_buffered_bytes) hold += s->partial.size();
+        if (!s->inbox.empty() || buffered_ > options_.max_buffered_bytes) hold += s->filled;
         if (uncredited <= hold) return;
         const std::uint64_t amount = uncredited - hold;
         // Small credits are batched; a stalled sender always gets at least a quarter window.
@@ -758,7 +772,7 @@ private:
         // Unsent messages are cancelled; received ones stay readable after a clean finish
         // (the peer may end while our own end-of-stream is still queued).
         if (!s->failure && !s->outbox.empty()) s->send_failure = errc::cancelled;
-        buffered_ -= s->partial.size();
+        buffered_ -= s->filled;
         if (s->failure) {
             buffered_ -= s->inbox_bytes;
             s->inbox.clear();
@@ -767,7 +781,7 @@ private:
         for (auto& out : s->outbox) // a write in flight may view the one being sent
             retired_.push_back(std::move(out.message));
         s->outbox.clear();
-        if (s != landing_) s->partial.clear(); // else a read is filling it: the loop clears it
+        if (s != landing_) s->drop_partial(); // else a read is filling it: the loop drops it
         streams_.erase(s->id);
         ++activity_;
         if (is_ours(s->id)) {
