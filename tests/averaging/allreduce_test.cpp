@@ -266,13 +266,24 @@ TEST_CASE("allreduce: blockwise_8bit parts give every peer the same values, clos
           "[allreduce]") {
     auto options = allreduce_group<sim_world>::small_parts();
     options.codec = compression::kind::blockwise_8bit;
-    options.part_size_bytes = 16384;
+    options.part_size_bytes = 2048;
+    // Parts are sized on the wire: about one byte per element, not four.
+    const std::size_t per_part = averaging::detail::part_elements_for(
+        options.part_size_bytes, options.codec, options.codec_options);
+    CHECK(per_part > 2000);
+    CHECK(per_part <= 2048);
+    CHECK(averaging::detail::part_elements_for(512 << 10, compression::kind::none, {}) == 131072);
+    CHECK(averaging::detail::part_elements_for(512 << 10, compression::kind::float16, {}) ==
+          262144);
     allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 20000, options);
     g.run(60s);
     const auto everyone = all_but(4, {});
     for (std::size_t i = 0; i < 4; ++i) {
         const auto& result = g.peers[i].outcome->second;
         REQUIRE(result.fraction_averaged() == 1.0);
+        CHECK(result.parts.size() == 4 * ((5000 + per_part - 1) / per_part));
+        for (const auto& part : result.parts)
+            CHECK(part.size <= per_part);
         CHECK(g.peers[i].values == g.peers[0].values); // bit-identical everywhere
         CHECK(result.bytes_sent * 3 < 4 * result.values_sent);
         for (std::size_t e = 0; e < 20000; ++e) {

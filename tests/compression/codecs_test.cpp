@@ -74,7 +74,8 @@ TEST_CASE("every codec round-trips every size and pattern", "[compression]") {
 }
 
 TEST_CASE("compress_into appends after a prefix of any length, aligned or not", "[compression]") {
-    std::vector<float> values(1003); // not a multiple of 8: the scalar tails run too
+    std::vector<float> values(5003); // float16 decodes 2048 at a time: three chunks // not a
+                                     // multiple of 8: the scalar tails run too
     for (std::size_t i = 0; i < values.size(); ++i)
         values[i] = 0.001f * static_cast<float>(i) - 0.3f;
     for (kind k : all_kinds)
@@ -95,7 +96,7 @@ TEST_CASE("compress_into appends after a prefix of any length, aligned or not", 
 TEST_CASE("decompress_add and decompress_finite_into: exact, from odd addresses, and all or "
           "nothing",
           "[compression]") {
-    std::vector<float> values(1003);
+    std::vector<float> values(5003); // float16 decodes 2048 at a time: three chunks
     for (std::size_t i = 0; i < values.size(); ++i)
         values[i] = 0.001f * static_cast<float>(i) - 0.3f;
     std::vector<float> scratch;
@@ -132,11 +133,21 @@ TEST_CASE("decompress_add and decompress_finite_into: exact, from odd addresses,
     constexpr float inf = std::numeric_limits<float>::infinity();
     const std::pair<kind, float> cases[] = {
         {kind::none, nan}, {kind::none, -inf}, {kind::float16, nan}};
-    for (const auto& [k, bad] : cases) {
-        INFO(to_string(k) << " holding " << bad);
-        std::vector<float> poisoned = values;
-        poisoned[777] = bad;
-        const byte_buffer buffer = compress(k, poisoned);
+    for (const auto& [k, bad] : cases)
+        for (const std::size_t at : {std::size_t{777}, std::size_t{4500}}) {
+            INFO(to_string(k) << " holding " << bad << " at " << at);
+            std::vector<float> poisoned = values;
+            poisoned[at] = bad;
+            const byte_buffer buffer = compress(k, poisoned);
+            std::vector<float> sum(values.size(), 1.0f);
+            CHECK(decompress_add(buffer, sum, 1.0f, scratch) == errc::non_finite_input);
+            CHECK(decompress_finite_into(buffer, sum, scratch) == errc::non_finite_input);
+            CHECK(std::all_of(sum.begin(), sum.end(), [](float v) { return v == 1.0f; }));
+        }
+    // A peer may send float16 infinities itself (0x7C00, 0xFC00): refused as well.
+    for (const std::uint16_t infinity : {std::uint16_t{0x7C00}, std::uint16_t{0xFC00}}) {
+        byte_buffer buffer = compress(kind::float16, values);
+        std::memcpy(buffer.data() + 16 + 2 * 3000, &infinity, 2);
         std::vector<float> sum(values.size(), 1.0f);
         CHECK(decompress_add(buffer, sum, 1.0f, scratch) == errc::non_finite_input);
         CHECK(decompress_finite_into(buffer, sum, scratch) == errc::non_finite_input);

@@ -60,7 +60,9 @@ using namespace std::chrono_literals;
 struct allreduce_options {
     /// RPC method the reducers serve (one per averager, e.g. "<prefix>.allreduce").
     std::string method = "hivemesh.allreduce";
-    /// Bytes of float32 values per part before compression (rounded down to whole floats).
+    /// Bytes per part on the wire, compressed (DESIGN §5): a part holds part_size_bytes
+    /// divided by the codec's payload bytes per element (4 for `none`, about 1 for the
+    /// 8-bit codecs), at least one. Both ends of a round must agree on it.
     std::size_t part_size_bytes = 512u << 10;
     /// Codec for values and averages on the wire; `none` is exact.
     compression::kind codec = compression::kind::none;
@@ -151,6 +153,20 @@ struct span_range {
     std::size_t begin = 0;
     std::size_t size = 0;
 };
+
+/// Elements in a part of about `part_bytes` once compressed with `codec` (header aside).
+inline std::size_t part_elements_for(std::size_t part_bytes, compression::kind codec,
+                                     const compression::options& opts) {
+    constexpr std::size_t sample = std::size_t{1} << 20;
+    const double bytes_per_element =
+        static_cast<double>(compression::compressed_size(codec, sample, opts) -
+                            compression::detail::header_size) /
+        static_cast<double>(sample);
+    if (!(bytes_per_element >= 1.0)) // an unknown codec, refused later: size as float32
+        return std::max<std::size_t>(1, part_bytes / sizeof(float));
+    return std::max<std::size_t>(
+        1, static_cast<std::size_t>(static_cast<double>(part_bytes) / bytes_per_element));
+}
 
 inline std::size_t part_count(std::size_t elements, std::size_t part_elements) noexcept {
     return (elements + part_elements - 1) / part_elements;
@@ -310,7 +326,8 @@ private:
             , tensors(std::move(t))
             , weight(w)
             , timeout(limit)
-            , part_elements(std::max<std::size_t>(1, st->options.part_size_bytes / sizeof(float)))
+            , part_elements(detail::part_elements_for(st->options.part_size_bytes,
+                                                      st->options.codec, st->options.codec_options))
             , progress(io)
             , all_done(io)
             , deadline_timer(io)
