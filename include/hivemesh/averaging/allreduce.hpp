@@ -179,6 +179,38 @@ inline std::size_t part_count(std::size_t elements, std::size_t part_elements) n
 /// saves (measured: 4 peers, 0.37 s a round freed, 0.55 s kept).
 inline constexpr std::size_t always_mapped_bytes = std::size_t{32} << 20;
 
+/// Floats that are not zeroed when allocated, for arrays whose every element is written
+/// before it is read; they keep their storage when resized smaller.
+class uninitialized_floats {
+public:
+    uninitialized_floats() = default;
+    uninitialized_floats(uninitialized_floats&& other) noexcept
+        : data_(std::move(other.data_))
+        , size_(std::exchange(other.size_, 0))
+        , capacity_(std::exchange(other.capacity_, 0)) {}
+    uninitialized_floats& operator=(uninitialized_floats&& other) noexcept {
+        data_ = std::move(other.data_);
+        size_ = std::exchange(other.size_, 0);
+        capacity_ = std::exchange(other.capacity_, 0);
+        return *this;
+    }
+
+    void resize(std::size_t n) {
+        if (n > capacity_) {
+            data_ = std::make_unique_for_overwrite<float[]>(n);
+            capacity_ = n;
+        }
+        size_ = n;
+    }
+    std::span<float> span() const noexcept { return {data_.get(), size_}; }
+    std::size_t capacity() const noexcept { return capacity_; }
+
+private:
+    std::unique_ptr<float[]> data_;
+    std::size_t size_ = 0;
+    std::size_t capacity_ = 0;
+};
+
 /// An empty buffer: `buffer`, cleared but with its capacity, if nothing else holds it any
 /// more (a write that completed has let go of it), else a new one. Large message buffers
 /// are reused rather than allocated, and page-faulted in, for every part.
@@ -282,7 +314,7 @@ private:
         std::set<timer_type*> joiners; ///< incoming senders waiting for their round
         /// The last round's sums when they were larger than detail::always_mapped_bytes,
         /// kept for the next round (see there).
-        std::vector<float> spare_sums;
+        detail::uninitialized_floats spare_sums;
 
         time_point now() const { return net::detail::transport_now<Transport>(executor); }
     };
@@ -348,7 +380,10 @@ private:
 
         // Reducing our span.
         std::vector<sender_slot> senders;
-        std::vector<float> sums;
+        /// Our span's weighted sums; part p's start as our own weighted values (zero for
+        /// aux) when its first addition or its average needs them (part_started).
+        detail::uninitialized_floats sums;
+        std::vector<bool> part_started;
         std::vector<double> part_weight;
         std::vector<std::vector<bool>> part_contributors;
         /// Encoded result messages, one buffer written to every sender, until all written.
@@ -500,21 +535,18 @@ private:
 
             r.layout();
             std::error_code bad_values;
-            auto prepare = [&r, &bad_values] {
-                if (sends_values(r.role())) {
+            if (sends_values(r.role())) {
+                auto prepare = [&r, &bad_values] {
                     if (!r.tensors.empty()) {
                         r.owned.resize(tensor::total_size(r.tensors));
                         tensor::flatten_to(r.tensors, r.owned);
                         r.local = r.owned;
                     }
-                    if (!compression::detail::all_finite(r.local)) {
+                    if (!compression::detail::all_finite(r.local))
                         bad_values = errc::invalid_argument;
-                        return;
-                    }
-                }
-                r.start_sums();
-            };
-            co_await detail::offload(r.st->compute, prepare);
+                };
+                co_await detail::offload(r.st->compute, prepare);
+            }
             if (bad_values) co_return std::pair{bad_values, allreduce_result{}};
             // Visible to incoming senders only now that the sums and slots exist.
             if (!r.st->rounds.try_emplace(r.group.id, self).second)
@@ -588,6 +620,9 @@ private:
             if (reducing()) {
                 const std::size_t parts = parts_of(me);
                 const bool mine = sends_values(role());
+                sums = std::exchange(st->spare_sums, {});
+                sums.resize(spans[me].size);
+                part_started.assign(parts, false);
                 part_weight.assign(parts, mine ? weight : 0.0);
                 part_contributors.assign(parts, std::vector<bool>(n, false));
                 for (auto& who : part_contributors)
@@ -596,20 +631,23 @@ private:
             }
         }
 
-        /// Our span's sums start as our weighted values (zero for aux): one pass, not a
-        /// zero fill and an addition. Before the round is registered, so no part is in yet.
-        void start_sums() {
-            if (!reducing()) return;
-            const auto own = spans[me];
-            sums = std::exchange(st->spare_sums, {});
-            sums.resize(own.size);
-            if (!sends_values(role())) {
-                std::fill(sums.begin(), sums.end(), 0.0f);
-                return;
+        /// Part p's sums, started on first use (on the reducing executor): written once
+        /// with our weighted values, just before the part is added to while still in cache.
+        std::span<float> part_sums(std::size_t p) {
+            const auto range = part_range(me, p);
+            const auto sum = sums.span().subspan(range.begin - spans[me].begin, range.size);
+            if (!part_started[p]) {
+                part_started[p] = true;
+                if (sends_values(role())) {
+                    const auto w = static_cast<float>(weight);
+                    const auto mine = local.subspan(range.begin, range.size);
+                    for (std::size_t i = 0; i < range.size; ++i)
+                        sum[i] = w * mine[i];
+                } else {
+                    std::fill(sum.begin(), sum.end(), 0.0f);
+                }
             }
-            const auto w = static_cast<float>(weight);
-            for (std::size_t i = 0; i < own.size; ++i)
-                sums[i] = w * local[own.begin + i];
+            return sum;
         }
 
         allreduce_result summarise() {
@@ -657,14 +695,13 @@ private:
         /// Averages part p, applies it to our own values and queues it for the senders.
         asio::awaitable<void> finish_part(std::size_t p) {
             const auto range = part_range(me, p);
-            const std::size_t offset = range.begin - spans[me].begin;
             auto buffer = detail::take_if_unshared(spare_result);
             byte_buffer& message = *buffer;
             std::error_code ec;
             if (part_weight[p] > 0) {
                 encode_result_head(message, static_cast<std::uint32_t>(p), part_contributors[p]);
                 auto average = [&] {
-                    const std::span<float> sum(sums.data() + offset, range.size);
+                    const std::span<float> sum = part_sums(p);
                     const auto scale = static_cast<float>(1.0 / part_weight[p]);
                     for (float& v : sum)
                         v *= scale;
@@ -758,12 +795,10 @@ private:
                 }
                 const std::size_t p = s.next_part;
                 const auto range = r.part_range(r.me, p);
-                const std::size_t offset = range.begin - r.spans[r.me].begin;
                 std::error_code refused;
                 auto add = [&] {
-                    refused = compression::decompress_add(
-                        part.payload, std::span(r.sums).subspan(offset, range.size),
-                        static_cast<float>(s.weight), values);
+                    refused = compression::decompress_add(part.payload, r.part_sums(p),
+                                                          static_cast<float>(s.weight), values);
                 };
                 s.busy = true;
                 co_await detail::offload(r.st->reduce, add);
