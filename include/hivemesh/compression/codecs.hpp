@@ -376,6 +376,18 @@ inline bool all_finite(std::span<const float> values) noexcept {
     return all_finite(reinterpret_cast<const std::byte*>(values.data()), values.size());
 }
 
+/// True when none of the `n` float16 values at `bytes` (any alignment) is NaN or infinite:
+/// those have all five exponent bits set.
+inline bool all_finite_halves(const std::byte* bytes, std::size_t n) noexcept {
+    std::uint16_t bad = 0; // branch-free, so it vectorises
+    for (std::size_t i = 0; i < n; ++i) {
+        std::uint16_t bits;
+        std::memcpy(&bits, bytes + 2 * i, 2);
+        bad |= static_cast<std::uint16_t>((bits & 0x7C00u) == 0x7C00u);
+    }
+    return bad == 0;
+}
+
 /// Returns false, with `out` half written, when `in` holds a NaN or infinity: a block's
 /// largest magnitude shows it, so the input needs no separate finite pass.
 inline bool encode_blockwise_8bit(std::span<const float> in, std::size_t block_size,

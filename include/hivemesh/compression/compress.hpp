@@ -146,18 +146,6 @@ constexpr bool decodes_finite(kind k) noexcept {
     return k == kind::uniform_8bit || k == kind::quantile_8bit || k == kind::blockwise_8bit;
 }
 
-/// True when none of the `n` float16 values at `bytes` (any alignment) is NaN or infinite:
-/// those have all five exponent bits set.
-inline bool all_finite_halves(const std::byte* bytes, std::size_t n) noexcept {
-    std::uint16_t bad = 0; // branch-free, so it vectorises
-    for (std::size_t i = 0; i < n; ++i) {
-        std::uint16_t bits;
-        std::memcpy(&bits, bytes + 2 * i, 2);
-        bad |= static_cast<std::uint16_t>((bits & 0x7C00u) == 0x7C00u);
-    }
-    return bad == 0;
-}
-
 /// Decodes `buffer` (which must hold `n` elements), checks every value is finite, then calls
 /// apply(begin, count, value_at) over consecutive chunks, where value_at(i) is element
 /// begin + i. `none` is read where it is and float16 converted a chunk at a time, so neither
