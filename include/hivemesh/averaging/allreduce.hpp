@@ -272,9 +272,11 @@ public:
     /// and must stay valid until completion. The round ends by `timeout` at the latest.
     ///
     /// Completion: void(std::error_code, allreduce_result). Errors: invalid_argument (a
-    /// malformed group, spans or weight, non-finite values, this node not at `me`, a round of
-    /// the same group already running here), cancelled (the token's cancellation slot was
-    /// emitted, on the node's executor; the result still tells what was averaged before).
+    /// malformed group, spans or weight, this node not at `me`, a round of the same group
+    /// already running here; or a NaN or infinity in `local`, found where its part is first
+    /// read: that part is never sent and the round ends at once, the result telling what was
+    /// averaged before), cancelled (the token's cancellation slot was emitted, on the node's
+    /// executor; the result still tells what was averaged before).
     /// Timeouts and failed peers are not errors: see allreduce_result::parts.
     template <class Token>
     auto async_allreduce(group_type group, std::size_t me, std::vector<std::size_t> spans,
@@ -384,6 +386,7 @@ private:
         /// aux) when its first addition or its average needs them (part_started).
         detail::uninitialized_floats sums;
         std::vector<bool> part_started;
+        std::atomic<bool> local_non_finite{false}; ///< set by part_sums, on the reducing strand
         std::vector<double> part_weight;
         std::vector<std::vector<bool>> part_contributors;
         /// Encoded result messages, one buffer written to every sender, until all written.
@@ -534,20 +537,16 @@ private:
             if (ec) co_return std::pair{ec, allreduce_result{}};
 
             r.layout();
-            std::error_code bad_values;
-            if (sends_values(r.role())) {
-                auto prepare = [&r, &bad_values] {
-                    if (!r.tensors.empty()) {
-                        r.owned.resize(tensor::total_size(r.tensors));
-                        tensor::flatten_to(r.tensors, r.owned);
-                        r.local = r.owned;
-                    }
-                    if (!compression::detail::all_finite(r.local))
-                        bad_values = errc::invalid_argument;
+            // Our values are checked where they are first read, part by part (see
+            // refuse_local_values), not in a pass over the whole tensor up front.
+            if (sends_values(r.role()) && !r.tensors.empty()) {
+                auto flatten = [&r] {
+                    r.owned.resize(tensor::total_size(r.tensors));
+                    tensor::flatten_to(r.tensors, r.owned);
+                    r.local = r.owned;
                 };
-                co_await detail::offload(r.st->compute, prepare);
+                co_await detail::offload(r.st->compute, flatten);
             }
-            if (bad_values) co_return std::pair{bad_values, allreduce_result{}};
             // Visible to incoming senders only now that the sums and slots exist.
             if (!r.st->rounds.try_emplace(r.group.id, self).second)
                 co_return std::pair{make_error_code(errc::invalid_argument), allreduce_result{}};
@@ -579,7 +578,9 @@ private:
                 auto write_back = [&r] { tensor::unflatten_from(r.tensors, r.owned); };
                 co_await detail::offload(r.st->compute, write_back);
             }
-            if (r.aborted && r.abort_reason == errc::cancelled) ec = errc::cancelled;
+            if (r.aborted &&
+                (r.abort_reason == errc::cancelled || r.abort_reason == errc::invalid_argument))
+                ec = r.abort_reason;
             co_return std::pair{ec, r.summarise()};
         }
 
@@ -633,6 +634,8 @@ private:
 
         /// Part p's sums, started on first use (on the reducing executor): written once
         /// with our weighted values, just before the part is added to while still in cache.
+        /// Our values are checked as they are read: a non-finite one sets local_non_finite
+        /// (the sums are then unusable; refuse_local_values ends the round).
         std::span<float> part_sums(std::size_t p) {
             const auto range = part_range(me, p);
             const auto sum = sums.span().subspan(range.begin - spans[me].begin, range.size);
@@ -641,13 +644,29 @@ private:
                 if (sends_values(role())) {
                     const auto w = static_cast<float>(weight);
                     const auto mine = local.subspan(range.begin, range.size);
-                    for (std::size_t i = 0; i < range.size; ++i)
-                        sum[i] = w * mine[i];
+                    constexpr std::size_t chunk = 2048; // checked, then read again from L1
+                    for (std::size_t i = 0; i < range.size; i += chunk) {
+                        const std::size_t end = std::min(range.size, i + chunk);
+                        if (!compression::detail::all_finite(mine.subspan(i, end - i))) {
+                            local_non_finite.store(true, std::memory_order_relaxed);
+                            break;
+                        }
+                        for (std::size_t e = i; e < end; ++e)
+                            sum[e] = w * mine[e];
+                    }
                 } else {
                     std::fill(sum.begin(), sum.end(), 0.0f);
                 }
             }
             return sum;
+        }
+
+        /// Ends the round with invalid_argument if our own values held a NaN or infinity;
+        /// true if so. Called on the node's executor after work that started sums.
+        bool refuse_local_values() {
+            if (!local_non_finite.load(std::memory_order_relaxed)) return false;
+            abort(errc::invalid_argument);
+            return true;
         }
 
         allreduce_result summarise() {
@@ -702,6 +721,7 @@ private:
                 encode_result_head(message, static_cast<std::uint32_t>(p), part_contributors[p]);
                 auto average = [&] {
                     const std::span<float> sum = part_sums(p);
+                    if (local_non_finite.load(std::memory_order_relaxed)) return;
                     const auto scale = static_cast<float>(1.0 / part_weight[p]);
                     for (float& v : sum)
                         v *= scale;
@@ -716,6 +736,7 @@ private:
                         ec = compression::decompress_into(byte_view(message).subspan(head), mine);
                 };
                 co_await detail::offload(st->reduce, average);
+                if (refuse_local_values()) co_return;
             }
             if (ec) log::warning("allreduce", "part ", p, " not averaged: ", ec.message());
             if (part_weight[p] > 0 && !ec) {
@@ -797,12 +818,15 @@ private:
                 const auto range = r.part_range(r.me, p);
                 std::error_code refused;
                 auto add = [&] {
-                    refused = compression::decompress_add(part.payload, r.part_sums(p),
+                    const std::span<float> sum = r.part_sums(p);
+                    if (r.local_non_finite.load(std::memory_order_relaxed)) return;
+                    refused = compression::decompress_add(part.payload, sum,
                                                           static_cast<float>(s.weight), values);
                 };
                 s.busy = true;
                 co_await detail::offload(r.st->reduce, add);
                 s.busy = false;
+                if (r.refuse_local_values()) break;
                 if (refused) {
                     r.fail_sender(j, errc::protocol_violation);
                     break;
@@ -894,14 +918,23 @@ private:
             std::error_code packed;
             auto pack = [&] {
                 const auto range = r.part_range(k, next_part);
+                const auto values = r.local.subspan(range.begin, range.size);
+                const auto codec = r.st->options.codec;
+                // Our values are checked here, part by part (the statistical codecs refuse
+                // non-finite input themselves); the check also brings the part into cache.
+                if (!compression::detail::refuses_non_finite(codec) &&
+                    !compression::detail::all_finite(values)) {
+                    packed = errc::non_finite_input;
+                    return;
+                }
                 encode_part_head(*next, static_cast<std::uint32_t>(next_part));
-                packed = compression::compress_into(r.st->options.codec,
-                                                    r.local.subspan(range.begin, range.size), *next,
-                                                    r.st->options.codec_options);
+                packed =
+                    compression::compress_into(codec, values, *next, r.st->options.codec_options);
             };
             if (parts > 0) co_await detail::offload(r.st->compute, pack);
             for (std::size_t p = 0; p < parts; ++p) {
                 if (r.hooks().before_send) co_await r.sleep(r.hooks().before_send(k, p));
+                if (packed == errc::non_finite_input) r.abort(errc::invalid_argument);
                 if (packed || r.aborted || !slot.active) {
                     stream.cancel(errc::cancelled);
                     co_return;
