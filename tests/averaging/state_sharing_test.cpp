@@ -5,6 +5,8 @@
 #include <hivemesh/averaging/state_sharing.hpp>
 #include <hivemesh/compression/compress.hpp>
 
+#include <asio/thread_pool.hpp>
+
 #include <catch2/catch.hpp>
 
 #include <bit>
@@ -66,12 +68,13 @@ using server_type = averaging::state_server<typename World::transport_type>;
 /// A server on member `i` serving `shared` (the test keeps the state alive) at `priority`,
 /// once its first advertisement is stored.
 template <class World>
-std::unique_ptr<server_type<World>> serve(swarm<World>& s, std::size_t i,
-                                          const averaging::state& shared, double priority,
-                                          averaging::server_options options = {}) {
+std::unique_ptr<server_type<World>>
+serve(swarm<World>& s, std::size_t i, const averaging::state& shared, double priority,
+      averaging::server_options options = {}, std::optional<asio::any_io_executor> compute = {}) {
     auto& m = s.members[i];
     auto server = std::make_unique<server_type<World>>(
-        *m.rpc, *m.dht, prefix, m.endpoint, [&shared] { return shared; }, priority, options);
+        *m.rpc, *m.dht, prefix, m.endpoint, [&shared] { return shared; }, priority, options,
+        compute);
     REQUIRE(s.world.run_until([&] { return server->statistics().advertisements >= 1; }, 3600s));
     return server;
 }
@@ -438,6 +441,45 @@ TEMPLATE_TEST_CASE("a newcomer's downloaded state is bit-identical to the donor'
     });
     REQUIRE(s.world.run_until([&] { return blocking.has_value(); }, 60s));
     CHECK(*blocking == errc::wrong_thread);
+}
+
+TEST_CASE("with compute pools, donor and newcomer hash and (de)compress chunks there; the "
+          "download is still bit-identical",
+          "[averaging][state]") {
+    asio::thread_pool compute(2); // outlives the swarm, whose server and loads post to it
+    swarm<tcp_world> s;
+    start(s);
+    const auto shared = make_state(31, big_sizes);
+    // One donor per codec (a node serves one handler per method), the later one preferred.
+    const std::pair<std::size_t, compression::kind> donors[] = {{1, compression::kind::none},
+                                                                {2, compression::kind::float16}};
+    std::vector<std::unique_ptr<server_type<tcp_world>>> servers;
+    for (const auto& [member, codec] : donors) {
+        averaging::server_options options;
+        options.codec = codec;
+        options.chunk_size_bytes = 64 * 1024 + 12;
+        servers.push_back(
+            serve(s, member, shared, static_cast<double>(member), options, compute.get_executor()));
+        averaging::load_options how;
+        how.compute = compute.get_executor();
+        auto [ec, result] = load(s, 4, how);
+        REQUIRE_FALSE(ec);
+        CHECK(result.donor == s.members[member].rpc->id());
+        CHECK(result.chunks > 60);
+        CHECK(servers.back()->statistics().chunks_sent == result.chunks);
+        // Exactly what the codec gives (float16 keeps NaN and infinities, rounds the rest).
+        REQUIRE(result.contents.tensors.size() == shared.tensors.size());
+        for (std::size_t t = 0; t < shared.tensors.size(); ++t) {
+            const auto& original = shared.tensors[t];
+            std::vector<float> expected(original.size());
+            if (!original.empty())
+                REQUIRE_FALSE(
+                    compression::decompress_into(compression::compress(codec, original), expected));
+            const auto& got = result.contents.tensors[t];
+            REQUIRE(got.size() == expected.size());
+            CHECK(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)) == 0);
+        }
+    }
 }
 
 TEMPLATE_TEST_CASE("the donor with the higher priority is chosen", "[averaging][state]", sim_world,

@@ -119,35 +119,6 @@ struct allreduce_result {
 
 namespace detail {
 
-/// Runs `work` on `executor` and resumes on the awaiting coroutine's executor; without an
-/// executor runs it inline. Rethrows what `work` throws.
-template <class Work>
-asio::awaitable<void> offload(const std::optional<asio::any_io_executor>& executor, Work& work) {
-    if (!executor) {
-        work();
-        co_return;
-    }
-    std::exception_ptr failure;
-    // A named initiation: g++ 12 destroys a lambda temporary with captures inside a co_await
-    // expression twice (see CONTRIBUTING.md).
-    auto initiation = [&work, &failure, ex = *executor](auto handler) {
-        auto guard = asio::make_work_guard(asio::get_associated_executor(handler));
-        asio::post(ex, [&work, &failure, handler = std::move(handler),
-                        guard = std::move(guard)]() mutable {
-            try {
-                work();
-            } catch (...) {
-                failure = std::current_exception();
-            }
-            auto resume = guard.get_executor();
-            asio::dispatch(resume, std::move(handler));
-        });
-    };
-    co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(initiation,
-                                                                         asio::use_awaitable);
-    if (failure) std::rethrow_exception(failure);
-}
-
 /// Element ranges of the members' spans, in member order.
 struct span_range {
     std::size_t begin = 0;

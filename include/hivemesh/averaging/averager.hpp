@@ -104,7 +104,8 @@ public:
 
     /// Averages `tensors` (kept by reference: they must outlive the averager and keep their
     /// sizes). `announce` is where others dial us (none: client). `compute` runs compression
-    /// and reduction (see allreduce_service). Throws std::invalid_argument for bad options.
+    /// and reduction (see allreduce_service), and the hashing and (de)compression of state
+    /// chunks. Throws std::invalid_argument for bad options.
     averager(rpc_type& rpc, dht_type& dht, std::optional<endpoint_type> announce,
              std::vector<tensor::tensor_ref> tensors, averager_options options = {},
              std::optional<asio::any_io_executor> compute = std::nullopt)
@@ -115,6 +116,7 @@ public:
         , options_(configured(std::move(options), !announce))
         , schema_hash_(schema_hash_of(tensors_))
         , matchmaker_(rpc, dht, announce, options_.matchmaking)
+        , compute_(compute)
         , allreduce_(rpc, options_.allreduce, std::move(compute))
         , bits_(options_.initial_bits ? *options_.initial_bits : bits_from(rpc.id())) {
         if (bits_.size() != options_.group_bits)
@@ -172,15 +174,18 @@ public:
     void serve_state(std::function<state()> provider, double priority) {
         if (!announce_)
             throw std::invalid_argument("averager::serve_state: a client serves nothing");
-        server_ = std::make_unique<state_server<Transport>>(
-            *rpc_, *dht_, options_.prefix, *announce_, std::move(provider), priority);
+        server_ = std::make_unique<state_server<Transport>>(*rpc_, *dht_, options_.prefix,
+                                                            *announce_, std::move(provider),
+                                                            priority, server_options{}, compute_);
     }
     state_server<Transport>* state_server_ptr() noexcept { return server_.get(); }
 
-    /// Downloads state from the best donor, falling back to the next. Completion:
+    /// Downloads state from the best donor, falling back to the next, checking and decoding
+    /// chunks on our `compute` executor unless `options` name one. Completion:
     /// void(std::error_code, downloaded_state); see async_load_state.
     template <class Token>
     auto async_load_state_from_peers(load_options options, Token&& token) {
+        if (!options.compute) options.compute = compute_;
         return async_load_state(*rpc_, *dht_, options_.prefix, std::move(options),
                                 std::forward<Token>(token));
     }
@@ -268,6 +273,7 @@ private:
     averager_options options_;
     std::uint64_t schema_hash_;
     matchmaker<Transport> matchmaker_;
+    std::optional<asio::any_io_executor> compute_;
     allreduce_service<Transport> allreduce_;
     averaging::group_bits bits_;
     bool stepping_ = false;

@@ -1,16 +1,24 @@
 // How the averaging layer starts its asynchronous operations: a coroutine on the node's
 // executor whose result completes the caller's handler, with the handler's cancellation slot
-// wired to the operation.
+// wired to the operation; and how it moves CPU-heavy work off that executor.
 #pragma once
 
 #include "hivemesh/core/error.hpp"
 
+#include <asio/any_io_executor.hpp>
 #include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/post.hpp>
+#include <asio/use_awaitable.hpp>
 
 #include <exception>
+#include <optional>
 #include <utility>
 
 namespace hivemesh::averaging::detail {
@@ -48,6 +56,35 @@ void launch(const asio::any_io_executor& executor,
                 if (failure) out = {make_error_code(errc::cancelled), Value{}};
                 std::move(handler)(out.first, std::move(out.second));
             }));
+}
+
+/// Runs `work` on `executor` and resumes on the awaiting coroutine's executor; without an
+/// executor runs it inline. Rethrows what `work` throws.
+template <class Work>
+asio::awaitable<void> offload(const std::optional<asio::any_io_executor>& executor, Work& work) {
+    if (!executor) {
+        work();
+        co_return;
+    }
+    std::exception_ptr failure;
+    // A named initiation: g++ 12 destroys a lambda temporary with captures inside a co_await
+    // expression twice (see CONTRIBUTING.md).
+    auto initiation = [&work, &failure, ex = *executor](auto handler) {
+        auto guard = asio::make_work_guard(asio::get_associated_executor(handler));
+        asio::post(ex, [&work, &failure, handler = std::move(handler),
+                        guard = std::move(guard)]() mutable {
+            try {
+                work();
+            } catch (...) {
+                failure = std::current_exception();
+            }
+            auto resume = guard.get_executor();
+            asio::dispatch(resume, std::move(handler));
+        });
+    };
+    co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(initiation,
+                                                                         asio::use_awaitable);
+    if (failure) std::rethrow_exception(failure);
 }
 
 } // namespace hivemesh::averaging::detail

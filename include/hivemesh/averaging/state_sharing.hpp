@@ -20,6 +20,7 @@
 // it does not run. The blocking load_state() must not be called on an io thread.
 #pragma once
 
+#include "hivemesh/averaging/launch.hpp"
 #include "hivemesh/compression/compress.hpp"
 #include "hivemesh/core/binary.hpp"
 #include "hivemesh/core/bytes.hpp"
@@ -601,8 +602,9 @@ struct server_statistics {
 ///
 /// Each upload calls `provider` once on the executor and streams the state it returns chunk
 /// by chunk (the multiplexer's send completes when a chunk is written, so at most about one
-/// chunk is buffered besides the provider's state). The provider may throw; the newcomer
-/// then sees remote_error (or the std::system_error's code).
+/// chunk is buffered besides the provider's state). Compressing and hashing the chunks run
+/// on `compute` when given (e.g. a thread pool), else on the node's executor. The provider may
+/// throw; the newcomer then sees remote_error (or the std::system_error's code).
 template <class Transport>
 class state_server {
 public:
@@ -616,7 +618,8 @@ public:
     /// "<prefix>.state" is not a valid method name, `priority` is not finite, or the options
     /// are out of range; std::system_error if `announce` has no valid address.
     state_server(rpc_node& rpc, dht_node& dht, std::string prefix, endpoint_type announce,
-                 state_provider provider, double priority, server_options options = {})
+                 state_provider provider, double priority, server_options options = {},
+                 std::optional<asio::any_io_executor> compute = std::nullopt)
         : state_(std::make_shared<shared>(rpc, dht)) {
         if (!net::is_valid_method(state_method(prefix)))
             throw std::invalid_argument("hivemesh::averaging::state_server: bad prefix \"" +
@@ -637,6 +640,7 @@ public:
         st.provider = std::move(provider);
         st.priority = priority;
         st.options = options;
+        st.compute = std::move(compute);
         st.record = encode(donor_record{st.priority, st.address}); // validates the address
         rpc.add_stream_handler(state_method(st.prefix),
                                [weak = std::weak_ptr<shared>(state_)](
@@ -737,6 +741,7 @@ private:
         double priority = 0;
         byte_buffer record;
         server_options options;
+        std::optional<asio::any_io_executor> compute;
         timer_type timer;
         time_point last_expiration{};
         bool serving = true;
@@ -819,7 +824,10 @@ private:
         const std::uint32_t chunk_elements =
             detail::chunk_elements_for(st->options.chunk_size_bytes);
         state_header header;
-        if (auto ec = make_header(snapshot, codec, chunk_elements, header)) co_return ec;
+        std::error_code made;
+        auto hash_chunks = [&] { made = make_header(snapshot, codec, chunk_elements, header); };
+        co_await detail::offload(st->compute, hash_chunks);
+        if (made) co_return made;
         const std::uint64_t total = header.total_elements();
         const std::uint64_t count = header.chunk_hashes.size();
         byte_buffer first = encode(header);
@@ -830,9 +838,14 @@ private:
         for (std::uint64_t i = 0; i < count; ++i) {
             if (!st->serving) co_return errc::not_a_donor;
             byte_buffer message;
-            const auto values =
-                source.next(static_cast<std::size_t>(chunk_length(total, chunk_elements, i)));
-            if (auto ec = append_chunk_message(i, codec, values, message)) co_return ec;
+            std::error_code packed;
+            auto pack = [&] {
+                const auto values =
+                    source.next(static_cast<std::size_t>(chunk_length(total, chunk_elements, i)));
+                packed = append_chunk_message(i, codec, values, message);
+            };
+            co_await detail::offload(st->compute, pack);
+            if (packed) co_return packed;
             st->stats.bytes_sent += message.size();
             if (auto ec = co_await stream.write(std::move(message))) co_return ec;
             ++st->stats.chunks_sent;
@@ -852,6 +865,8 @@ struct load_options {
     /// One donor, from dialing to the last chunk.
     duration donor_timeout = 300s;
     state_limits limits;
+    /// Where chunks are hashed and decoded (e.g. a thread pool); none: the node's executor.
+    std::optional<asio::any_io_executor> compute;
 };
 
 /// A donor that failed, and why.
@@ -876,9 +891,11 @@ namespace detail {
 
 /// One download from one donor over one streaming call.
 template <class Transport>
-asio::awaitable<std::error_code>
-download_from(net::node<Transport>& rpc, typename net::node<Transport>::peer target,
-              std::string method, duration timeout, state_limits limits, downloaded_state& out) {
+asio::awaitable<std::error_code> download_from(net::node<Transport>& rpc,
+                                               typename net::node<Transport>::peer target,
+                                               std::string method, duration timeout,
+                                               const load_options& options, downloaded_state& out) {
+    const state_limits& limits = options.limits;
     net::call_stream call;
     if (auto ec = co_await rpc.open_call(std::move(target), std::move(method), timeout, call))
         co_return ec;
@@ -905,7 +922,10 @@ download_from(net::node<Transport>& rpc, typename net::node<Transport>::peer tar
             co_return ec == asio::error::eof ? make_error_code(errc::protocol_violation) : ec;
         state_chunk chunk;
         if (decode(message, chunk, limits)) co_return fail(errc::protocol_violation);
-        if (auto ec = assembler.add(chunk)) {
+        std::error_code added;
+        auto add = [&] { added = assembler.add(chunk); };
+        co_await offload(options.compute, add);
+        if (auto ec = added) {
             log::debug("averaging", "chunk ", chunk.index, " from ", call.remote().short_string(),
                        ": ", ec.message());
             co_return fail(static_cast<errc>(ec.value()));
@@ -924,12 +944,13 @@ download_from(net::node<Transport>& rpc, typename net::node<Transport>::peer tar
 template <class Transport>
 asio::awaitable<std::error_code>
 download_within(net::node<Transport>& rpc, typename net::node<Transport>::peer target,
-                std::string method, duration timeout, state_limits limits, downloaded_state& out) {
+                std::string method, duration timeout, const load_options& options,
+                downloaded_state& out) {
     using namespace asio::experimental::awaitable_operators;
     typename Transport::timer_type timer(rpc.get_executor());
     timer.expires_after(timeout);
     auto outcome =
-        co_await (download_from(rpc, std::move(target), std::move(method), timeout, limits, out) ||
+        co_await (download_from(rpc, std::move(target), std::move(method), timeout, options, out) ||
                   timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
     if (outcome.index() == 0) co_return std::get<0>(outcome);
     co_return errc::timeout;
@@ -996,8 +1017,8 @@ load_state(net::node<Transport>& rpc, dht::node<Transport>& dht, std::string pre
                                                    *Transport::to_endpoint(donor.address)};
         const duration limit = std::min(options.donor_timeout, remaining);
         downloaded_state attempt;
-        const std::error_code ec = co_await download_within(rpc, std::move(target), method, limit,
-                                                            options.limits, attempt);
+        const std::error_code ec =
+            co_await download_within(rpc, std::move(target), method, limit, options, attempt);
         const asio::cancellation_state cancellation = co_await asio::this_coro::cancellation_state;
         if (cancellation.cancelled() != asio::cancellation_type::none) {
             result.first = errc::cancelled;
