@@ -12,7 +12,9 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -443,41 +445,63 @@ TEMPLATE_TEST_CASE("a newcomer's downloaded state is bit-identical to the donor'
     CHECK(*blocking == errc::wrong_thread);
 }
 
-TEST_CASE("with compute pools, donor and newcomer hash and (de)compress chunks there; the "
-          "download is still bit-identical",
+TEST_CASE("with compute pools, donor and newcomer hash and (de)compress chunks there, and the "
+          "download is exactly what the codec gives",
           "[averaging][state]") {
-    asio::thread_pool compute(2); // outlives the swarm, whose server and loads post to it
+    // Pools outlive the swarm, whose servers and loads post to them.
+    asio::thread_pool donor_pool(2), newcomer_pool(2);
     swarm<tcp_world> s;
     start(s);
     const auto shared = make_state(31, big_sizes);
-    // One donor per codec (a node serves one handler per method), the later one preferred.
-    const std::pair<std::size_t, compression::kind> donors[] = {{1, compression::kind::none},
-                                                                {2, compression::kind::float16}};
+    // One donor per codec (a node serves one handler per method), the later one preferred;
+    // each time one pool is held busy first, which must hold the download up.
+    struct case_t {
+        std::size_t member;
+        compression::kind codec;
+        asio::thread_pool* held;
+    };
+    const case_t cases[] = {{1, compression::kind::none, &donor_pool},
+                            {2, compression::kind::float16, &newcomer_pool}};
     std::vector<std::unique_ptr<server_type<tcp_world>>> servers;
-    for (const auto& [member, codec] : donors) {
+    for (const auto& c : cases) {
         averaging::server_options options;
-        options.codec = codec;
+        options.codec = c.codec;
         options.chunk_size_bytes = 64 * 1024 + 12;
-        servers.push_back(
-            serve(s, member, shared, static_cast<double>(member), options, compute.get_executor()));
+        servers.push_back(serve(s, c.member, shared, static_cast<double>(c.member), options,
+                                donor_pool.get_executor()));
         averaging::load_options how;
-        how.compute = compute.get_executor();
-        auto [ec, result] = load(s, 4, how);
+        how.compute = newcomer_pool.get_executor();
+        std::promise<void> release;
+        const std::shared_future<void> busy = release.get_future().share();
+        for (int thread = 0; thread < 2; ++thread)
+            asio::post(*c.held, [busy] { busy.wait(); });
+        std::optional<std::pair<std::error_code, averaging::downloaded_state>> got;
+        averaging::async_load_state(*s.members[4].rpc, *s.members[4].dht, prefix, how,
+                                    [&](std::error_code ec, averaging::downloaded_state d) {
+                                        got.emplace(ec, std::move(d));
+                                    });
+        const auto second_later = std::chrono::steady_clock::now() + 1s;
+        s.world.run_until([&] { return got || std::chrono::steady_clock::now() > second_later; });
+        CHECK_FALSE(got.has_value()); // no chunk can be hashed or checked meanwhile
+        release.set_value();
+        REQUIRE(s.world.run_until([&] { return got.has_value(); }));
+        auto& [ec, result] = *got;
         REQUIRE_FALSE(ec);
-        CHECK(result.donor == s.members[member].rpc->id());
+        CHECK(result.donor == s.members[c.member].rpc->id());
         CHECK(result.chunks > 60);
         CHECK(servers.back()->statistics().chunks_sent == result.chunks);
-        // Exactly what the codec gives (float16 keeps NaN and infinities, rounds the rest).
+        // float16 keeps NaN and infinities and rounds the rest.
         REQUIRE(result.contents.tensors.size() == shared.tensors.size());
         for (std::size_t t = 0; t < shared.tensors.size(); ++t) {
             const auto& original = shared.tensors[t];
             std::vector<float> expected(original.size());
             if (!original.empty())
-                REQUIRE_FALSE(
-                    compression::decompress_into(compression::compress(codec, original), expected));
-            const auto& got = result.contents.tensors[t];
-            REQUIRE(got.size() == expected.size());
-            CHECK(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)) == 0);
+                REQUIRE_FALSE(compression::decompress_into(compression::compress(c.codec, original),
+                                                           expected));
+            const auto& got_tensor = result.contents.tensors[t];
+            REQUIRE(got_tensor.size() == expected.size());
+            CHECK(std::memcmp(got_tensor.data(), expected.data(),
+                              got_tensor.size() * sizeof(float)) == 0);
         }
     }
 }
