@@ -183,7 +183,7 @@ TEST_CASE("all_finite finds a NaN or infinity at any position of any length, at 
         }
 }
 
-TEST_CASE("8-bit codecs decode only finite values from any valid buffer; meanstd_16bit is "
+TEST_CASE("8-bit codecs decode only finite values from any valid buffer, and meanstd_16bit is "
           "checked",
           "[compression]") {
     // decompress_finite_into and decompress_add skip the finite check for these codecs, so

@@ -342,7 +342,7 @@ TEST_CASE("re-storing the same value does not grow storage", "[dht][storage]") {
     CHECK(s.key_count() == 2);
 }
 
-TEST_CASE("remove_expired counts items; erase removes a key", "[dht][storage]") {
+TEST_CASE("remove_expired counts items, and erase removes a key", "[dht][storage]") {
     storage s;
     REQUIRE(s.store(plain("p", "v", at(10)), at(0)) == store_status::stored);
     REQUIRE(s.store(item("d", "a", "v", at(5)), at(0)) == store_status::stored);
