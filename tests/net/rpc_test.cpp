@@ -15,10 +15,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <set>
@@ -601,4 +604,77 @@ TEMPLATE_TEST_CASE("1 GiB streams through one call with bounded buffering", "[ne
     REQUIRE(connections.size() == 1);
     CHECK(connections[0].statistics.payload_received >= total);
     CHECK(connections[0].statistics.peak_buffered <= options.mux.initial_window + chunk_size);
+}
+
+TEST_CASE("an accept that keeps failing (no descriptors left) is retried after pauses, not in a "
+          "busy loop, and the node accepts again once it can",
+          "[net][rpc][tcp]") {
+    tcp_world world;
+    host<tcp_world> server(world, 1);
+    host<tcp_world> client(world, 2);
+    add_echo(server);
+    int warnings = 0;
+    log::set_sink([&warnings](log::level l, std::string_view component, std::string_view message) {
+        if (l == log::level::warning && component == "net" &&
+            message.find("accept failed") != std::string_view::npos)
+            ++warnings;
+    });
+    struct restore_sink {
+        ~restore_sink() { log::set_sink({}); }
+    } restore_sink_at_exit;
+
+    // A socket that will connect without needing a new descriptor.
+    asio::ip::tcp::socket raw(world.io);
+    raw.open(asio::ip::tcp::v4());
+    // Take every free descriptor number up to the highest in use, then allow no more.
+    int highest = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
+        highest = std::max(highest, std::stoi(entry.path().filename().string()));
+    struct descriptor_squeeze {
+        rlimit before{};
+        std::vector<int> fillers;
+        void release() {
+            ::setrlimit(RLIMIT_NOFILE, &before);
+            for (int fd : fillers)
+                ::close(fd);
+            fillers.clear();
+        }
+        ~descriptor_squeeze() { release(); }
+    } squeeze;
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &squeeze.before) == 0);
+    while (true) {
+        const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        REQUIRE(fd >= 0);
+        squeeze.fillers.push_back(fd);
+        if (fd >= highest) break;
+    }
+    rlimit tight = squeeze.before;
+    tight.rlim_cur = static_cast<rlim_t>(squeeze.fillers.back()) + 1;
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &tight) == 0);
+    REQUIRE(::open("/dev/null", O_RDONLY | O_CLOEXEC) == -1);
+
+    bool connected = false;
+    raw.async_connect(server.endpoint, [&](std::error_code ec) { connected = !ec; });
+    REQUIRE(world.run_until([&] { return connected; }));
+    // About 1.3 s: pauses of 10, 20, 40, ... ms allow at most eight attempts; a loop that
+    // retried at once would have made thousands.
+    const auto until = std::chrono::steady_clock::now() + 1300ms;
+    while (std::chrono::steady_clock::now() < until) {
+        world.io.run_for(10ms);
+        if (world.io.stopped()) world.io.restart();
+    }
+    const std::uint64_t failed = server.node->accept_errors();
+    CHECK(failed >= 2);
+    CHECK(failed <= 12);
+    // accept() takes a descriptor before it looks for a connection, so the client's idle
+    // listener fails too; each node warns once for the episode, not once per attempt.
+    CHECK(client.node->accept_errors() >= 1);
+    CHECK(warnings == 2);
+
+    squeeze.release();
+    // The next retry (at most a second away) takes the waiting connection; a call works.
+    const auto outcome = call(world, *client.node, server.peer(), "echo", pattern(100, 3));
+    CHECK_FALSE(outcome.ec);
+    CHECK(outcome.response == pattern(100, 3));
+    CHECK(server.node->accept_errors() == failed);
 }

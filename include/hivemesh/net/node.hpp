@@ -249,11 +249,16 @@ public:
     asio::any_io_executor get_executor() const { return state_->executor; }
 
     /// Starts accepting on `listener` (from the transport's listen()).
+    /// A failed accept (e.g. out of file descriptors) is retried after a pause that doubles
+    /// from 10 ms to 1 s while failures go on (see accept_errors()).
     void serve(listener_type listener) {
-        auto shared = std::make_shared<listener_type>(std::move(listener));
+        auto shared = std::make_shared<listening>(std::move(listener), state_->executor);
         state_->listeners.push_back(shared);
         asio::co_spawn(state_->executor, accept_loop(state_, shared), asio::detached);
     }
+
+    /// Accepts that failed so far, over all listeners (for monitoring and tests).
+    std::uint64_t accept_errors() const noexcept { return state_->accept_errors; }
 
     /// Registers a handler; a name registered again replaces the old handler.
     /// Throws std::invalid_argument for a malformed method name.
@@ -346,8 +351,10 @@ public:
         auto st = state_;
         if (st->closed) return;
         st->closed = true;
-        for (auto& listener : st->listeners)
-            listener->close();
+        for (auto& l : st->listeners) {
+            l->listener.close();
+            l->retry.cancel();
+        }
         st->listeners.clear();
         for (auto connections = st->connections; auto& [id, list] : connections)
             for (auto& pooled : list)
@@ -368,6 +375,15 @@ private:
         std::error_code result;
     };
 
+    /// A listener, and the timer that paces its retries after failed accepts.
+    struct listening {
+        listening(listener_type l, const asio::any_io_executor& executor)
+            : listener(std::move(l))
+            , retry(executor) {}
+        listener_type listener;
+        timer_type retry;
+    };
+
     struct state {
         state(Transport& t, crypto::identity id, node_options opts)
             : transport(t)
@@ -380,7 +396,8 @@ private:
         asio::any_io_executor executor;
         crypto::identity identity;
         node_options options;
-        std::vector<std::shared_ptr<listener_type>> listeners;
+        std::vector<std::shared_ptr<listening>> listeners;
+        std::uint64_t accept_errors = 0;
         std::unordered_map<crypto::peer_id, std::vector<pooled_connection>> connections;
         std::unordered_map<crypto::peer_id, std::shared_ptr<pending_dial>> dials;
         std::map<std::string, unary_handler, std::less<>> unary_handlers;
@@ -554,19 +571,33 @@ private:
             waiter->notify();
     }
 
-    static asio::awaitable<void> accept_loop(state_ptr st,
-                                             std::shared_ptr<listener_type> listener) {
+    static asio::awaitable<void> accept_loop(state_ptr st, std::shared_ptr<listening> l) {
+        // Failures such as EMFILE repeat at once (accept() takes a descriptor before it looks
+        // for a connection): pause rather than spin on the io thread, doubling the pause
+        // while they go on. A failure after a quiet spell starts a new episode.
+        constexpr duration first_pause = 10ms, longest_pause = 1s;
+        duration pause = first_pause;
+        std::optional<time_point> last_failure;
         while (!st->closed) {
-            auto [ec, stream] =
-                co_await listener->async_accept(asio::experimental::as_tuple(asio::use_awaitable));
+            auto [ec, stream] = co_await l->listener.async_accept(
+                asio::experimental::as_tuple(asio::use_awaitable));
             if (st->closed) break;
-            if (ec) {
-                if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor)
-                    break;
-                log::warning("net", "accept failed: ", ec.message());
+            if (!ec) {
+                if (std::exchange(last_failure, std::nullopt)) log::info("net", "accepting again");
+                asio::co_spawn(st->executor, accept_one(st, std::move(stream)), asio::detached);
                 continue;
             }
-            asio::co_spawn(st->executor, accept_one(st, std::move(stream)), asio::detached);
+            if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) break;
+            ++st->accept_errors;
+            const time_point now = detail::transport_now<Transport>(st->executor);
+            if (!last_failure || now - *last_failure > 2 * longest_pause) {
+                log::warning("net", "accept failed: ", ec.message(), "; retrying with pauses");
+                pause = first_pause;
+            }
+            last_failure = now;
+            l->retry.expires_after(pause);
+            co_await l->retry.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+            pause = std::min<duration>(2 * pause, longest_pause);
         }
     }
 
