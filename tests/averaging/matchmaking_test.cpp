@@ -311,6 +311,36 @@ TEST_CASE("matchmaking: peers whose first candidate crashed after declaring stil
     CHECK(s.dht.now() - start < 500ms + 6s + 1s); // their windows, and the slack
 }
 
+TEST_CASE("matchmaking: a first candidate that never answers the dial costs join_timeout, not "
+          "the dial timeout",
+          "[matchmaking]") {
+    // As above, but with windows of 3 s: a dial to the crashed peer 0 gives up after 3 s
+    // (the sim's connect timeout, under the node's dial_timeout of 10 s), so peers that
+    // waited for it would see their windows end before asking anyone else.
+    auto options = options_of(2, 4);
+    options.join_timeout = 1s;
+    matchmaking_swarm s(4, options);
+    const auto start = s.dht.now();
+    auto request = [](std::size_t i) {
+        auto r = request_of(i);
+        r.window = 3s;
+        return r;
+    };
+    s.start(0, request(0));
+    s.dht.world.network.time().run_for(500ms);
+    s.dht.world.network.crash(s.dht.members[0].transport->node());
+    s.outcomes[0].emplace(make_error_code(errc::cancelled), group_type{});
+    for (std::size_t i : {1, 2, 3})
+        s.start(i, request(i));
+    s.wait();
+    for (std::size_t i : {1, 2, 3})
+        REQUIRE_FALSE(s.outcomes[i]->first);
+    const auto groups = s.check_consistent();
+    REQUIRE(groups.size() == 1);
+    CHECK(groups.begin()->second.members.size() == 3);
+    CHECK(s.dht.now() - start < 500ms + 3s + 1s);
+}
+
 TEST_CASE("matchmaking wire: exact bytes, canonical round trips, hostile input refused",
           "[matchmaking]") {
     averaging::join_request request;

@@ -378,15 +378,20 @@ private:
         a->outgoing = &stream;
         std::optional<group_type> out;
         join_response response;
-        std::error_code ec =
-            co_await st->rpc->open_call(target, method(o), limit + o.join_timeout, stream);
+        // The dial is part of asking: a dead candidate costs join_timeout, not the node's
+        // dial_timeout, which may be longer.
+        auto opening = st->rpc->open_call(target, method(o), limit + o.join_timeout, stream);
+        std::error_code ec = co_await within(st, std::move(opening), o.join_timeout);
         if (!ec) {
             join_request request{a->request.schema_hash, a->key, a->expiration,
                                  st->self(a->request)};
             ec = co_await stream.write(encode(request));
         }
         byte_buffer message;
-        if (!ec) ec = co_await read_within(st, stream, message, o.join_timeout);
+        if (!ec) {
+            auto reading = stream.read(message);
+            ec = co_await within(st, std::move(reading), o.join_timeout);
+        }
         if (!ec) ec = decode(message, response);
         a->requesting = false;
         a->wake_handlers();
@@ -428,13 +433,13 @@ private:
         co_return out;
     }
 
-    /// Reads one message, resetting the stream if none comes within `limit`.
-    static asio::awaitable<std::error_code> read_within(state_ptr st, net::call_stream& stream,
-                                                        byte_buffer& message, duration limit) {
+    /// `operation`'s outcome, or timeout (cancelling it) if it takes longer than `limit`.
+    static asio::awaitable<std::error_code>
+    within(state_ptr st, asio::awaitable<std::error_code> operation, duration limit) {
         using namespace asio::experimental::awaitable_operators;
         timer_type timer(st->executor);
         timer.expires_after(limit);
-        auto got = co_await (stream.read(message) ||
+        auto got = co_await (std::move(operation) ||
                              timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
         if (got.index() == 1) co_return make_error_code(errc::timeout);
         co_return std::get<0>(got);
