@@ -663,12 +663,12 @@ TEST_CASE("an accept that keeps failing (no descriptors left) is retried after p
         world.io.run_for(10ms);
         if (world.io.stopped()) world.io.restart();
     }
-    const std::uint64_t failed = server.node->accept_errors();
+    const std::uint64_t failed = server.node->statistics().accept_errors;
     CHECK(failed >= 2);
     CHECK(failed <= 12);
     // accept() takes a descriptor before it looks for a connection, so the client's idle
     // listener fails too; each node warns once for the episode, not once per attempt.
-    CHECK(client.node->accept_errors() >= 1);
+    CHECK(client.node->statistics().accept_errors >= 1);
     CHECK(warnings == 2);
 
     squeeze.release();
@@ -676,5 +676,36 @@ TEST_CASE("an accept that keeps failing (no descriptors left) is retried after p
     const auto outcome = call(world, *client.node, server.peer(), "echo", pattern(100, 3));
     CHECK_FALSE(outcome.ec);
     CHECK(outcome.response == pattern(100, 3));
-    CHECK(server.node->accept_errors() == failed);
+    CHECK(server.node->statistics().accept_errors == failed);
+}
+
+TEST_CASE("silent incoming connections past max_pending_handshakes are closed at once, and "
+          "handshakes are taken again once theirs time out",
+          "[net][rpc][tcp]") {
+    tcp_world world;
+    net::node_options options;
+    options.max_pending_handshakes = 4;
+    options.dial_timeout = 1s;
+    host<tcp_world> server(world, 1, options);
+    host<tcp_world> client(world, 2);
+    add_echo(server);
+    std::deque<asio::ip::tcp::socket> silent;
+    std::size_t connected = 0;
+    for (int i = 0; i < 10; ++i)
+        silent.emplace_back(world.io).async_connect(server.endpoint, [&](std::error_code ec) {
+            if (!ec) ++connected;
+        });
+    REQUIRE(world.run_until([&] {
+        const auto stats = server.node->statistics();
+        return connected == 10 && stats.pending_handshakes + stats.handshakes_refused == 10;
+    }));
+    CHECK(server.node->statistics().pending_handshakes == 4);
+    CHECK(server.node->statistics().handshakes_refused == 6);
+    // The four time out after dial_timeout; then a real peer's handshake is taken.
+    REQUIRE(world.run_until([&] { return server.node->statistics().pending_handshakes == 0; }));
+    const auto outcome = call(world, *client.node, server.peer(), "echo", pattern(10, 1));
+    CHECK_FALSE(outcome.ec);
+    CHECK(outcome.response == pattern(10, 1));
+    CHECK(server.node->statistics().handshakes_refused == 6);
+    CHECK(server.node->statistics().pending_handshakes == 0);
 }

@@ -54,6 +54,17 @@ struct node_options {
     /// to); when no connection qualifies the new one is kept anyway, so the limit never
     /// fails a call. For many nodes in one process, under the descriptor limit.
     std::size_t max_connections = 0;
+    /// Incoming connections still in their handshake at once; a connection past this is
+    /// closed at once, so a flood of silent connections holds at most this many
+    /// descriptors (each for at most dial_timeout).
+    std::size_t max_pending_handshakes = 256;
+};
+
+/// Counters of a node's listeners, for monitoring and tests.
+struct node_statistics {
+    std::uint64_t accept_errors = 0;      ///< accepts that failed (e.g. out of descriptors)
+    std::uint64_t handshakes_refused = 0; ///< connections closed at max_pending_handshakes
+    std::size_t pending_handshakes = 0;   ///< incoming connections in their handshake now
 };
 
 /// Who to call: the PeerId the connection must prove, and where to dial if needed.
@@ -250,15 +261,15 @@ public:
 
     /// Starts accepting on `listener` (from the transport's listen()).
     /// A failed accept (e.g. out of file descriptors) is retried after a pause that doubles
-    /// from 10 ms to 1 s while failures go on (see accept_errors()).
+    /// from 10 ms to 1 s while failures go on (counted in statistics()).
     void serve(listener_type listener) {
         auto shared = std::make_shared<listening>(std::move(listener), state_->executor);
         state_->listeners.push_back(shared);
         asio::co_spawn(state_->executor, accept_loop(state_, shared), asio::detached);
     }
 
-    /// Accepts that failed so far, over all listeners (for monitoring and tests).
-    std::uint64_t accept_errors() const noexcept { return state_->accept_errors; }
+    /// The listeners' counters so far.
+    node_statistics statistics() const noexcept { return state_->statistics; }
 
     /// Registers a handler; a name registered again replaces the old handler.
     /// Throws std::invalid_argument for a malformed method name.
@@ -397,7 +408,7 @@ private:
         crypto::identity identity;
         node_options options;
         std::vector<std::shared_ptr<listening>> listeners;
-        std::uint64_t accept_errors = 0;
+        node_statistics statistics;
         std::unordered_map<crypto::peer_id, std::vector<pooled_connection>> connections;
         std::unordered_map<crypto::peer_id, std::shared_ptr<pending_dial>> dials;
         std::map<std::string, unary_handler, std::less<>> unary_handlers;
@@ -584,11 +595,16 @@ private:
             if (st->closed) break;
             if (!ec) {
                 if (std::exchange(last_failure, std::nullopt)) log::info("net", "accepting again");
+                if (st->statistics.pending_handshakes >= st->options.max_pending_handshakes) {
+                    ++st->statistics.handshakes_refused; // the stream closes as it goes
+                    continue;
+                }
+                ++st->statistics.pending_handshakes;
                 asio::co_spawn(st->executor, accept_one(st, std::move(stream)), asio::detached);
                 continue;
             }
             if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) break;
-            ++st->accept_errors;
+            ++st->statistics.accept_errors;
             const time_point now = detail::transport_now<Transport>(st->executor);
             if (!last_failure || now - *last_failure > 2 * longest_pause) {
                 log::warning("net", "accept failed: ", ec.message(), "; retrying with pauses");
@@ -603,9 +619,10 @@ private:
 
     static asio::awaitable<void> accept_one(state_ptr st, stream_type stream) {
         std::shared_ptr<mux_connection> connection;
-        if (auto ec = co_await secure(st, std::move(stream), crypto::role::listener, std::nullopt,
-                                      connection))
-            log::debug("net", "incoming handshake failed: ", ec.message());
+        const auto ec = co_await secure(st, std::move(stream), crypto::role::listener, std::nullopt,
+                                        connection);
+        --st->statistics.pending_handshakes;
+        if (ec) log::debug("net", "incoming handshake failed: ", ec.message());
     }
 
     /// Closes connections that had no stream during a whole idle period.
