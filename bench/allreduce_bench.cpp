@@ -102,6 +102,7 @@ struct options {
     std::size_t elements = 25'000'000;
     std::size_t warmup = 1;
     std::size_t rounds = 3;
+    std::size_t passes = 1;           ///< times the whole table is measured, cells interleaved
     std::vector<std::string> systems; ///< empty: every row that was built
     std::string json_path;
     bool quick = false;
@@ -124,10 +125,13 @@ struct options {
 
 constexpr const char* usage_text =
     "usage: bench_allreduce [--quick] [--processes 2,4,8] [--elements N] [--warmup W]\n"
-    "                       [--rounds R] [--systems NAME,...] [--json FILE]\n"
+    "                       [--rounds R] [--passes P] [--systems NAME,...] [--json FILE]\n"
     "                       [--part-size BYTES] [--mux-window BYTES] [--frame-payload BYTES]\n"
     "                       [--mux-batch BYTES]\n"
     "                       [--compute-threads T] [--child-timeout SECONDS]\n"
+    "--passes: measure the whole table P times, each cell with fresh processes, the order of\n"
+    "         the systems reversed on every other pass; medians over all P x R rounds (the\n"
+    "         machine's speed drifts, and cells measured minutes apart compare badly)\n"
     "--compute-threads: hivemesh's pool for compression and reduction per process (default\n"
     "         1); 0 runs them on the io thread\n"
     "systems: hivemesh, hivemesh-encrypted, hivemesh-float16, hivemesh-8bit, gloo-ring,\n"
@@ -181,6 +185,8 @@ options parse(int argc, char** argv) {
         } else if (arg == "--rounds") {
             o.rounds = to_size(arg, value());
             rounds_given = true;
+        } else if (arg == "--passes") {
+            o.passes = to_size(arg, value());
         } else if (arg == "--systems") {
             o.systems = split(value(), ',');
         } else if (arg == "--json") {
@@ -224,6 +230,7 @@ options parse(int argc, char** argv) {
         if (!rounds_given) o.rounds = 2;
     }
     if (o.rounds == 0) throw usage_error("--rounds: at least 1");
+    if (o.passes == 0) throw usage_error("--passes: at least 1");
     if (o.part_size < sizeof(float)) throw usage_error("--part-size: at least 4");
     for (const auto n : o.processes)
         if (n < 2) throw usage_error("--processes: at least 2 each");
@@ -669,6 +676,8 @@ struct cell {
     std::string status = "ok"; ///< ok, or what went wrong
     bool wrong = false;        ///< finished, but some process got a wrong result
     std::vector<double> round_seconds;
+    std::vector<double> round_cpu_seconds; ///< per round, summed over the processes
+    std::vector<double> round_switches;    ///< per round, summed over the processes
     double median_seconds = 0;
     double median_cpu_seconds = 0; ///< per round, summed over the processes
     double median_switches = 0;    ///< per round, summed over the processes
@@ -797,6 +806,34 @@ struct process {
 };
 
 /// Round times, CPU, medians, bandwidth and memory from every process's record.
+/// The cell's medians from its rounds.
+void compute_medians(const options& o, cell& c) {
+    c.median_seconds = median(c.round_seconds);
+    c.median_cpu_seconds = median(c.round_cpu_seconds);
+    c.median_switches = median(c.round_switches);
+    const double bytes = static_cast<double>(o.elements) * sizeof(float);
+    c.gbytes_per_second = c.median_seconds > 0 ? bytes / c.median_seconds / 1e9 : 0;
+}
+
+/// Adds a later pass's measurement of the same cell to `into`: rounds pooled, worst memory
+/// and error kept, the first failure kept.
+void merge(const options& o, cell& into, const cell& pass) {
+    if (into.status != "ok") return;
+    if (pass.status != "ok") {
+        into.status = pass.status;
+        return;
+    }
+    into.wrong = into.wrong || pass.wrong;
+    for (auto [to, from] : {std::pair{&into.round_seconds, &pass.round_seconds},
+                            std::pair{&into.round_cpu_seconds, &pass.round_cpu_seconds},
+                            std::pair{&into.round_switches, &pass.round_switches}})
+        to->insert(to->end(), from->begin(), from->end());
+    into.memory_ratio = std::max(into.memory_ratio, pass.memory_ratio);
+    into.max_error = std::max(into.max_error, pass.max_error);
+    into.load_before = std::max(into.load_before, pass.load_before);
+    compute_medians(o, into);
+}
+
 void summarise(const options& o, const std::vector<child_record>& records, cell& c) {
     const std::size_t total = o.warmup + o.rounds;
     for (const auto& r : records)
@@ -804,7 +841,6 @@ void summarise(const options& o, const std::vector<child_record>& records, cell&
             c.status = "bad record";
             return;
         }
-    std::vector<double> cpu, switches;
     for (std::size_t round = o.warmup; round < total; ++round) {
         double first = std::numeric_limits<double>::max(), last = 0;
         double round_cpu = 0, round_switches = 0;
@@ -815,14 +851,11 @@ void summarise(const options& o, const std::vector<child_record>& records, cell&
             round_switches += static_cast<double>(r.switches[round]);
         }
         c.round_seconds.push_back(last - first);
-        cpu.push_back(round_cpu);
-        switches.push_back(round_switches);
+        c.round_cpu_seconds.push_back(round_cpu);
+        c.round_switches.push_back(round_switches);
     }
-    c.median_seconds = median(c.round_seconds);
-    c.median_cpu_seconds = median(cpu);
-    c.median_switches = median(switches);
+    compute_medians(o, c);
     const double bytes = static_cast<double>(o.elements) * sizeof(float);
-    c.gbytes_per_second = c.median_seconds > 0 ? bytes / c.median_seconds / 1e9 : 0;
     for (const auto& r : records) {
         const double extra =
             static_cast<double>(r.peak_kib > r.baseline_kib ? r.peak_kib - r.baseline_kib : 0) *
@@ -1038,31 +1071,40 @@ int driver_main(const options& o) {
                  "%u cores, load %s\n",
                  o.elements, tensor_mb, o.warmup, o.rounds, std::thread::hardware_concurrency(),
                  load_at_start.c_str());
-    std::vector<std::vector<cell>> cells(rows.size());
+    std::vector<std::vector<cell>> cells(rows.size(), std::vector<cell>(o.processes.size()));
     bool any_failure = false;
-    for (std::size_t i = 0; i < rows.size(); ++i)
-        for (const auto n : o.processes) {
-            const double load = load1();
-            std::fprintf(stderr, "  %-34s N=%zu (load %.2f) ... ", rows[i].label.c_str(), n, load);
-            const auto began = std::chrono::steady_clock::now();
-            auto c = run_cell(o, rows[i], n);
-            c.load_before = load;
-            const double took =
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-            if (c.status != "ok")
-                std::fprintf(stderr, "FAILED: %s\n", c.status.c_str());
-            else
-                std::fprintf(stderr, "%.3f s median%s (%.0f s in all)\n", c.median_seconds,
-                             c.wrong ? ", WRONG RESULT" : "", took);
-            if (c.status != "ok" || c.wrong) any_failure = true;
-            cells[i].push_back(std::move(c));
+    for (std::size_t pass = 0; pass < o.passes; ++pass)
+        for (std::size_t k = 0; k < rows.size(); ++k) {
+            const std::size_t i = pass % 2 == 0 ? k : rows.size() - 1 - k;
+            for (std::size_t j = 0; j < o.processes.size(); ++j) {
+                const std::size_t n = o.processes[j];
+                const double load = load1();
+                std::fprintf(stderr, "  %-34s N=%zu", rows[i].label.c_str(), n);
+                if (o.passes > 1) std::fprintf(stderr, " pass %zu", pass + 1);
+                std::fprintf(stderr, " (load %.2f) ... ", load);
+                const auto began = std::chrono::steady_clock::now();
+                auto c = run_cell(o, rows[i], n);
+                c.load_before = load;
+                const double took =
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+                if (c.status != "ok")
+                    std::fprintf(stderr, "FAILED: %s\n", c.status.c_str());
+                else
+                    std::fprintf(stderr, "%.3f s median%s (%.0f s in all)\n", c.median_seconds,
+                                 c.wrong ? ", WRONG RESULT" : "", took);
+                if (c.status != "ok" || c.wrong) any_failure = true;
+                if (pass == 0)
+                    cells[i][j] = std::move(c);
+                else
+                    merge(o, cells[i][j], c);
+            }
         }
     const std::string load_at_end = loadavg();
 
     // The table.
     std::printf("\nAll-reduce of %zu float32 (%.1f MB) over loopback TCP; median of %zu "
-                "rounds after %zu warm-up.\n",
-                o.elements, tensor_mb, o.rounds, o.warmup);
+                "rounds after %zu warm-up, in each of %zu pass(es).\n",
+                o.elements, tensor_mb, o.rounds, o.warmup, o.passes);
     std::printf("s = median round seconds (earliest start to latest end); GB/s = algorithm "
                 "bandwidth = tensor bytes / s;\nmem = peak extra memory per process / tensor "
                 "bytes (VmHWM minus RSS after allocating the tensor);\nCPU s = median CPU "
@@ -1153,7 +1195,7 @@ int driver_main(const options& o) {
         out << "{\n  \"benchmark\": \"allreduce\",\n  \"elements\": " << o.elements
             << ",\n  \"tensor_bytes\": " << o.elements * sizeof(float)
             << ",\n  \"warmup_rounds\": " << o.warmup << ",\n  \"timed_rounds\": " << o.rounds
-            << ",\n  \"part_size_bytes\": " << o.part_size
+            << ",\n  \"passes\": " << o.passes << ",\n  \"part_size_bytes\": " << o.part_size
             << ",\n  \"cores\": " << std::thread::hardware_concurrency()
             << ",\n  \"load_at_start\": " << json_string(load_at_start)
             << ",\n  \"load_at_end\": " << json_string(load_at_end)
