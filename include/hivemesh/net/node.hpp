@@ -596,8 +596,8 @@ private:
             if (!ec) {
                 if (std::exchange(last_failure, std::nullopt)) log::info("net", "accepting again");
                 if (st->statistics.pending_handshakes >= st->options.max_pending_handshakes) {
-                    ++st->statistics.handshakes_refused; // the stream closes as it goes
-                    continue;
+                    ++st->statistics.handshakes_refused;
+                    continue; // `stream` closes as it goes out of scope
                 }
                 ++st->statistics.pending_handshakes;
                 asio::co_spawn(st->executor, accept_one(st, std::move(stream)), asio::detached);
