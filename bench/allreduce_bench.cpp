@@ -805,7 +805,6 @@ struct process {
     }
 };
 
-/// Round times, CPU, medians, bandwidth and memory from every process's record.
 /// The cell's medians from its rounds.
 void compute_medians(const options& o, cell& c) {
     c.median_seconds = median(c.round_seconds);
@@ -834,6 +833,7 @@ void merge(const options& o, cell& into, const cell& pass) {
     compute_medians(o, into);
 }
 
+/// Round times, CPU, medians, bandwidth and memory from every process's record.
 void summarise(const options& o, const std::vector<child_record>& records, cell& c) {
     const std::size_t total = o.warmup + o.rounds;
     for (const auto& r : records)
