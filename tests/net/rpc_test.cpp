@@ -609,6 +609,12 @@ TEMPLATE_TEST_CASE("1 GiB streams through one call with bounded buffering", "[ne
 TEST_CASE("an accept that keeps failing (no descriptors left) is retried after pauses, not in a "
           "busy loop, and the node accepts again once it can",
           "[net][rpc][tcp]") {
+#ifdef HIVEMESH_TEST_UBSAN
+    // UBSan's vptr check needs a free descriptor (it probes memory through a pipe) and
+    // reports a false "invalid vptr" without one; the build without UBSan runs this test.
+    WARN("skipped under UBSan");
+    return;
+#endif
     tcp_world world;
     host<tcp_world> server(world, 1);
     host<tcp_world> client(world, 2);
