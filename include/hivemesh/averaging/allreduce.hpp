@@ -1094,3 +1094,15 @@ private:
 };
 
 } // namespace hivemesh::averaging
+
+// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
+// instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp, not in every translation unit.
+#if defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/net/sim.hpp"
+#include "hivemesh/net/tcp.hpp"
+
+namespace hivemesh::averaging {
+extern template class allreduce_service<net::tcp::transport>;
+extern template class allreduce_service<net::sim::transport>;
+} // namespace hivemesh::averaging
+#endif

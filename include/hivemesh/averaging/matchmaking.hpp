@@ -566,3 +566,15 @@ private:
 };
 
 } // namespace hivemesh::averaging
+
+// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
+// instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp, not in every translation unit.
+#if defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/net/sim.hpp"
+#include "hivemesh/net/tcp.hpp"
+
+namespace hivemesh::averaging {
+extern template class matchmaker<net::tcp::transport>;
+extern template class matchmaker<net::sim::transport>;
+} // namespace hivemesh::averaging
+#endif

@@ -1113,3 +1113,15 @@ downloaded_state load_state(net::node<Transport>& rpc, dht::node<Transport>& dht
 }
 
 } // namespace hivemesh::averaging
+
+// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
+// instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp, not in every translation unit.
+#if defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/net/sim.hpp"
+#include "hivemesh/net/tcp.hpp"
+
+namespace hivemesh::averaging {
+extern template class state_server<net::tcp::transport>;
+extern template class state_server<net::sim::transport>;
+} // namespace hivemesh::averaging
+#endif

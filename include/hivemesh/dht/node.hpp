@@ -1209,3 +1209,15 @@ private:
 };
 
 } // namespace hivemesh::dht
+
+// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
+// instantiations are compiled once, in src/dht.cpp, not in every translation unit.
+#if defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/net/sim.hpp"
+#include "hivemesh/net/tcp.hpp"
+
+namespace hivemesh::dht {
+extern template class node<net::tcp::transport>;
+extern template class node<net::sim::transport>;
+} // namespace hivemesh::dht
+#endif

@@ -776,3 +776,15 @@ private:
 };
 
 } // namespace hivemesh::net
+
+// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
+// instantiations are compiled once, in src/net.cpp, not in every translation unit.
+#if defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/net/sim.hpp"
+#include "hivemesh/net/tcp.hpp"
+
+namespace hivemesh::net {
+extern template class node<net::tcp::transport>;
+extern template class node<net::sim::transport>;
+} // namespace hivemesh::net
+#endif
