@@ -61,8 +61,8 @@ namespace {
 class hivemesh_host final : public host {
 public:
     using transport = net::tcp::transport;
-    using rpc_node = net::node<transport>;
-    using dht_node = dht::node<transport>;
+    using rpc_node_type = net::node<transport>;
+    using dht_node_type = dht::node<transport>;
 
     explicit hivemesh_host(const host_config& config)
         : config_(config)
@@ -76,11 +76,12 @@ public:
         // Every node exists before any io thread runs, so no handler races its construction.
         for (std::size_t i = 0; i < config.nodes; ++i) {
             auto& t = transports_.emplace_back(ios_[i % threads]->get_executor());
-            auto& rpc = rpcs_.emplace_back(std::make_unique<rpc_node>(t, identity(i), rpc_options));
+            auto& rpc =
+                rpcs_.emplace_back(std::make_unique<rpc_node_type>(t, identity(i), rpc_options));
             auto listener = t.listen({asio::ip::address_v4::loopback(), 0});
             endpoints_.push_back(listener.local_endpoint());
             rpc->serve(std::move(listener));
-            dhts_.push_back(std::make_unique<dht_node>(*rpc, endpoints_.back()));
+            dhts_.push_back(std::make_unique<dht_node_type>(*rpc, endpoints_.back()));
         }
         for (auto& io : ios_) {
             guards_.emplace_back(io->get_executor());
@@ -99,7 +100,7 @@ public:
     }
 
     std::size_t bootstrap(const std::vector<seed_peer>& seeds) override {
-        std::vector<rpc_node::peer> remote;
+        std::vector<rpc_node_type::peer> remote;
         for (const auto& s : seeds) {
             const auto id = crypto::peer_id::parse(s.id);
             if (!id) throw std::runtime_error("bad seed PeerId " + s.id);
@@ -113,7 +114,7 @@ public:
             const std::size_t end = std::min(dhts_.size(), begin + wave);
             std::size_t pending = 0;
             for (std::size_t i = begin; i < end; ++i) {
-                std::vector<rpc_node::peer> initial;
+                std::vector<rpc_node_type::peer> initial;
                 if (!remote.empty()) initial.push_back(remote[rng_.uniform(remote.size())]);
                 if (i > 0) initial.push_back(address(0));
                 if (begin > 1) initial.push_back(address(1 + rng_.uniform(begin - 1)));
@@ -191,7 +192,7 @@ private:
         return crypto::identity::from_seed(seed);
     }
 
-    rpc_node::peer address(std::size_t i) const { return {rpcs_[i]->id(), endpoints_[i]}; }
+    rpc_node_type::peer address(std::size_t i) const { return {rpcs_[i]->id(), endpoints_[i]}; }
 
     /// DHT requests sent by all nodes so far (or those that failed), read on each node's
     /// own thread.
@@ -217,8 +218,8 @@ private:
     std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
     std::vector<std::thread> threads_;
     std::deque<transport> transports_;
-    std::vector<std::unique_ptr<rpc_node>> rpcs_;
-    std::vector<std::unique_ptr<dht_node>> dhts_;
+    std::vector<std::unique_ptr<rpc_node_type>> rpcs_;
+    std::vector<std::unique_ptr<dht_node_type>> dhts_;
     std::vector<asio::ip::tcp::endpoint> endpoints_;
     std::map<std::size_t, std::size_t> stored_by_;
 };

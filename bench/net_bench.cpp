@@ -160,8 +160,7 @@ void bm_bulk_raw(benchmark::State& state) {
             // 1 MiB chunk into 64 KiB syscalls and handicap the baseline.
             for (std::size_t sent = 0; sent < total; sent += chunk.size())
                 co_await asio::async_write(pair.client, asio::buffer(chunk),
-                                           net::detail::transfer_all_uncapped{},
-                                           asio::use_awaitable);
+                                           net::transfer_all_uncapped{}, asio::use_awaitable);
             std::byte ack{};
             co_await asio::async_read(pair.client, asio::buffer(&ack, 1), asio::use_awaitable);
             co_return std::chrono::duration<double>(clock_type::now() - start).count();

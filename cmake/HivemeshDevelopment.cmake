@@ -22,8 +22,9 @@ endfunction()
 # hivemesh_quiet_gcc_flow_warnings(<target>): g++ 12's flow-based warnings misfire inside
 # libstdc++ and Asio on values held in coroutine frames under optimisation
 # (-Wmaybe-uninitialized on std::pair<error_code, dht::key_entry>, -Wstringop-overread on
-# vector<std::byte> compares, -Wmismatched-new-delete on Asio's awaitable frame allocator);
-# for targets that instantiate the DHT value paths from coroutines. clang checks them all.
+# vector<std::byte> compares, -Wmismatched-new-delete on Asio's awaitable frame allocator,
+# -Wmaybe-uninitialized inside asio::use_future at -O1); for targets that instantiate the
+# DHT value paths from coroutines or post with use_future. clang checks them all.
 function(hivemesh_quiet_gcc_flow_warnings target)
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     target_compile_options(${target} PRIVATE -Wno-maybe-uninitialized -Wno-stringop-overread

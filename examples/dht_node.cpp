@@ -55,8 +55,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using rpc_node = net::node<net::tcp::transport>;
-using dht_node = dht::node<net::tcp::transport>;
+using rpc_node_type = net::node<net::tcp::transport>;
+using dht_node_type = dht::node<net::tcp::transport>;
 
 constexpr const char* usage_text =
     "usage: dht_node [--listen HOST:PORT] [--bootstrap ADDRESS]... [--identity FILE]\n"
@@ -77,7 +77,7 @@ struct usage_error {
 
 struct options {
     asio::ip::tcp::endpoint listen{asio::ip::address_v4::loopback(), 0};
-    std::vector<rpc_node::peer> bootstrap;
+    std::vector<rpc_node_type::peer> bootstrap;
     std::optional<std::string> identity_file;
     bool client = false;
     bool plaintext = false;
@@ -103,7 +103,7 @@ asio::ip::tcp::endpoint parse_host_port(std::string_view text) {
     return {ip, static_cast<std::uint16_t>(port)};
 }
 
-rpc_node::peer parse_peer(std::string_view text) {
+rpc_node_type::peer parse_peer(std::string_view text) {
     std::string_view reason;
     const auto address = net::peer_address::parse(text, &reason);
     if (!address)
@@ -194,7 +194,7 @@ auto on_io_thread(asio::io_context& io, F f) {
 
 class session {
 public:
-    session(dht_node& dht, asio::io_context& io, std::string first_line, std::string marker,
+    session(dht_node_type& dht, asio::io_context& io, std::string first_line, std::string marker,
             std::chrono::seconds ttl)
         : dht_(dht)
         , io_(io)
@@ -263,7 +263,7 @@ private:
         answer(line);
     }
 
-    dht_node& dht_;
+    dht_node_type& dht_;
     asio::io_context& io_;
     std::string first_line_;
     std::string marker_;
@@ -278,7 +278,7 @@ int run(const options& opts) {
     auto validator = std::make_shared<dht::owner_validator>(identity);
     net::node_options rpc_options;
     rpc_options.security.plaintext = opts.plaintext;
-    rpc_node rpc(transport, std::move(identity), rpc_options);
+    rpc_node_type rpc(transport, std::move(identity), rpc_options);
 
     std::optional<net::tcp::transport::listener_type> listener;
     std::optional<asio::ip::tcp::endpoint> announce;
@@ -295,7 +295,7 @@ int run(const options& opts) {
                                   : asio::ip::address(asio::ip::address_v6::loopback()));
         first_line = "listening " + net::tcp::to_address(*announce, rpc.id()).to_string();
     }
-    dht_node dht(rpc, announce);
+    dht_node_type dht(rpc, announce);
     dht.add_validator(validator);
     if (listener) rpc.serve(std::move(*listener));
 

@@ -143,8 +143,8 @@ std::size_t key_bits(const options& o) {
 // ---- one peer ----------------------------------------------------------------------------
 
 int run_peer(const options& o) {
-    using rpc_type = net::node<net::tcp::transport>;
-    using dht_type = dht::node<net::tcp::transport>;
+    using rpc_node_type = net::node<net::tcp::transport>;
+    using dht_node_type = dht::node<net::tcp::transport>;
     const std::size_t rank = *o.rank;
     // Declared first, destroyed last: strands on it outlive handlers still queued in `io`.
     asio::thread_pool compute(1);
@@ -152,12 +152,12 @@ int run_peer(const options& o) {
     net::tcp::transport tcp(io.get_executor());
     net::node_options rpc_options;
     rpc_options.security.plaintext = o.plaintext;
-    rpc_type rpc(tcp, identity_of(rank), rpc_options);
+    rpc_node_type rpc(tcp, identity_of(rank), rpc_options);
     const auto loopback = asio::ip::address_v4::loopback();
     const asio::ip::tcp::endpoint endpoint(loopback,
                                            static_cast<unsigned short>(o.base_port + rank));
     rpc.serve(tcp.listen(endpoint));
-    dht_type dht(rpc, endpoint);
+    dht_node_type dht(rpc, endpoint);
 
     std::vector<float> values(o.elements);
     for (std::size_t i = 0; i < values.size(); ++i)
@@ -166,9 +166,9 @@ int run_peer(const options& o) {
 
     averaging::averager_options ao;
     ao.prefix = "swarm";
-    ao.group_bits = key_bits(o);
+    ao.group_key_length = key_bits(o);
     ao.initial_bits =
-        averaging::group_bits(rank % (std::size_t{1} << ao.group_bits), ao.group_bits);
+        averaging::group_bits(rank % (std::size_t{1} << ao.group_key_length), ao.group_key_length);
     ao.target_group_size = o.group;
     ao.min_group_size = 2;
     ao.matchmaking_time = 10s;
@@ -185,7 +185,7 @@ int run_peer(const options& o) {
     int exit_code = 0;
     try {
         if (rank != 0) {
-            const rpc_type::peer first{
+            const rpc_node_type::peer first{
                 identity_of(0).id(),
                 asio::ip::tcp::endpoint(loopback, static_cast<unsigned short>(o.base_port))};
             for (int attempt = 0;; ++attempt) {

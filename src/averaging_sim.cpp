@@ -6,4 +6,10 @@ template class allreduce_service<net::sim::transport>;
 template class matchmaker<net::sim::transport>;
 template class state_server<net::sim::transport>;
 template class averager<net::sim::transport>;
+
+template asio::awaitable<std::pair<std::error_code, std::vector<donor_info>>>
+detail::list_donors(dht::node<net::sim::transport>&, std::string);
+template asio::awaitable<std::pair<std::error_code, downloaded_state>>
+detail::load_state(net::node<net::sim::transport>&, dht::node<net::sim::transport>&, std::string,
+                   load_options);
 } // namespace hivemesh::averaging

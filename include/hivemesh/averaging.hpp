@@ -10,4 +10,7 @@
 #include "hivemesh/averaging/load_balancing.hpp"
 #include "hivemesh/averaging/matchmaking.hpp"
 #include "hivemesh/averaging/matchmaking_wire.hpp"
+#include "hivemesh/averaging/state_loading.hpp"
+#include "hivemesh/averaging/state_server.hpp"
 #include "hivemesh/averaging/state_sharing.hpp"
+#include "hivemesh/averaging/state_wire.hpp"

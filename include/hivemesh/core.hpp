@@ -1,6 +1,7 @@
 // The core layer: buffers, the bounded reader/writer, errors, clocks, logging, random.
 #pragma once
 
+#include "hivemesh/core/async.hpp"
 #include "hivemesh/core/binary.hpp"
 #include "hivemesh/core/bytes.hpp"
 #include "hivemesh/core/clock.hpp"

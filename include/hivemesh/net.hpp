@@ -10,3 +10,4 @@
 #include "hivemesh/net/rpc_wire.hpp"
 #include "hivemesh/net/secure_stream.hpp"
 #include "hivemesh/net/tcp.hpp"
+#include "hivemesh/net/transport.hpp"

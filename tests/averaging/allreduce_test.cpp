@@ -1,8 +1,10 @@
 // The butterfly all-reduce on both transports: exact weighted means for every mix of
 // roles, the traffic formula, compression, malformed messages, and the fault semantics
 // (a peer that fails or is slow before, while sending or while reducing, or cancels).
-#include "net/test_support.hpp"
-#include "net/worlds.hpp"
+#include "support/bytes.hpp"
+#include "support/faults.hpp"
+#include "support/identities.hpp"
+#include "support/swarm.hpp"
 
 #include <hivemesh/averaging/allreduce.hpp>
 #include <hivemesh/core/random.hpp>
@@ -26,17 +28,15 @@ namespace {
 using averaging::allreduce_result;
 using averaging::member_role;
 
-/// A group of peers on one world, each with an RPC node and an all-reduce service.
+/// A group of peers on one world: the swarm fixture's hosts (RPC nodes, no DHT), each with an
+/// all-reduce service on top. Peer i is host members[i].
 template <class World>
-struct allreduce_group {
-    using transport_type = typename World::transport_type;
-    using rpc_type = net::node<transport_type>;
-    using service_type = averaging::allreduce_service<transport_type>;
-    using endpoint_type = typename transport_type::endpoint_type;
+struct allreduce_group : swarm<World> {
+    using endpoint_type = typename swarm<World>::endpoint_type;
+    using service_type = averaging::allreduce_service<typename World::transport_type>;
 
-    struct peer {
-        transport_type* transport = nullptr;
-        std::unique_ptr<rpc_type> rpc;
+    /// What a peer adds to its host.
+    struct peer_state {
         std::unique_ptr<service_type> service;
         member_role role = member_role::node;
         std::vector<float> initial;
@@ -47,8 +47,7 @@ struct allreduce_group {
         bool started = false;
     };
 
-    World world;
-    std::deque<peer> peers;
+    std::deque<peer_state> peers;
     averaging::group_info<endpoint_type> group;
     std::vector<std::size_t> spans;
     time_point started_at{};
@@ -60,20 +59,15 @@ struct allreduce_group {
                     averaging::allreduce_options options = small_parts(), std::uint64_t seed = 1,
                     std::optional<asio::any_io_executor> compute = std::nullopt,
                     bool post_compute = false) {
-        if (post_compute) compute = world.io.get_executor();
+        if (post_compute) compute = this->world.io.get_executor();
         random_generator rng(seed);
         for (std::size_t i = 0; i < 32; ++i)
             group.id[i] = static_cast<std::byte>(rng() & 0xFF);
-        net::node_options rpc_options;
-        rpc_options.security.plaintext = false;
         for (std::size_t i = 0; i < roles.size(); ++i) {
+            auto& m = this->add_rpc(identity_of(static_cast<std::uint8_t>(i + 1)));
+            if (roles[i] != member_role::client) this->listen(m);
             auto& p = peers.emplace_back();
-            p.transport = &world.add_host();
-            p.rpc = std::make_unique<rpc_type>(
-                *p.transport, identity_of(static_cast<std::uint8_t>(i + 1)), rpc_options);
-            endpoint_type endpoint{};
-            if (roles[i] != member_role::client) endpoint = world.listen(*p.rpc, *p.transport);
-            p.service = std::make_unique<service_type>(*p.rpc, options, compute);
+            p.service = std::make_unique<service_type>(*m.rpc, options, compute);
             p.role = roles[i];
             if (roles[i] != member_role::aux) {
                 p.initial.resize(size);
@@ -82,7 +76,8 @@ struct allreduce_group {
                 p.weight = 1.0 + 4.0 * rng.uniform_real();
             }
             p.values = p.initial;
-            group.members.push_back({{p.rpc->id(), endpoint}, roles[i], 0, {}});
+            group.members.push_back(
+                {.peer = m.address(), .role = roles[i], .bandwidth = 0, .metadata = {}});
         }
         spans = equal_spans(roles, size);
     }
@@ -112,14 +107,6 @@ struct allreduce_group {
         return out;
     }
 
-    time_point now() const {
-        const auto& t = *peers.front().transport;
-        if constexpr (requires { t.clock(); })
-            return t.clock().now();
-        else
-            return typename transport_type::clock_type().now();
-    }
-
     /// Starts peer i's round; `slot` optionally cancels it.
     void start(std::size_t i, duration timeout, asio::cancellation_slot slot = {}) {
         auto& p = peers[i];
@@ -128,20 +115,20 @@ struct allreduce_group {
             group, i, spans, std::span<float>(p.values), p.weight, timeout,
             asio::bind_cancellation_slot(slot, [this, &p](std::error_code ec, allreduce_result r) {
                 p.outcome.emplace(ec, std::move(r));
-                p.finished_at = now();
+                p.finished_at = this->world.now();
             }));
     }
 
     /// Starts every peer not in `skip` and runs until all of them finished.
     void run(duration timeout, const std::vector<std::size_t>& skip = {}) {
-        started_at = now();
+        started_at = this->world.now();
         for (std::size_t i = 0; i < peers.size(); ++i)
             if (std::find(skip.begin(), skip.end(), i) == skip.end()) start(i, timeout);
         wait();
     }
 
     void wait() {
-        REQUIRE(world.run_until(
+        REQUIRE(this->world.run_until(
             [&] {
                 for (auto& p : peers)
                     if (p.started && !p.outcome) return false;
@@ -385,7 +372,7 @@ TEST_CASE("allreduce: a member of another group, a stranger and malformed parts 
         asio::co_spawn(
             g.world.io,
             [&]() -> asio::awaitable<void> {
-                if (auto ec = co_await g.peers[from].rpc->open_call(
+                if (auto ec = co_await g.members[from].rpc->open_call(
                         g.group.members[1].peer, "hivemesh.allreduce", 20s, stream)) {
                     status = ec;
                     co_return;
@@ -424,10 +411,7 @@ TEST_CASE("allreduce: a member of another group, a stranger and malformed parts 
     CHECK(call(0, {bytes_of({1, 1, 2})}) == errc::protocol_violation);
 
     // A non-member claiming to be member 0: its key proves otherwise.
-    auto& stranger = g.peers.emplace_back();
-    stranger.transport = &g.world.add_host();
-    stranger.rpc =
-        std::make_unique<net::node<net::sim::transport>>(*stranger.transport, identity_of(99));
+    g.add_rpc(identity_of(99));
     CHECK(call(2, {encode(begin)}) == errc::refused);
 
     // Member 0 sends a part whose payload is garbage: dropped as a sender.
@@ -442,30 +426,6 @@ TEST_CASE("allreduce: a member of another group, a stranger and malformed parts 
     CHECK(result.participants == std::vector<bool>{false, true});
 }
 
-namespace {
-
-enum class fault { fail_before, fail_sending, slow_sending, fail_reducing, slow_reducing, cancel };
-
-const char* name(fault f) {
-    switch (f) {
-    case fault::fail_before:
-        return "fail before";
-    case fault::fail_sending:
-        return "fail while sending";
-    case fault::slow_sending:
-        return "slow sending";
-    case fault::fail_reducing:
-        return "fail while reducing";
-    case fault::slow_reducing:
-        return "slow reducing";
-    case fault::cancel:
-        return "cancel";
-    }
-    return "?";
-}
-
-} // namespace
-
 TEST_CASE("allreduce faults (5 peers, one a client): healthy peers finish by their deadline "
           "and every element ends averaged or local, as the result says",
           "[allreduce][faults]") {
@@ -475,16 +435,17 @@ TEST_CASE("allreduce faults (5 peers, one a client): healthy peers finish by the
     // Inline compute, and compute posted so that failures land while a part is being added
     // (a part added for a sender that failed meanwhile must still count it).
     for (const bool posted : {false, true})
-        for (const auto f : {fault::fail_before, fault::fail_sending, fault::slow_sending,
-                             fault::fail_reducing, fault::slow_reducing, fault::cancel}) {
+        for (const auto f : all_faults) {
             const bool reducing_fault = f == fault::fail_reducing || f == fault::slow_reducing;
             for (const std::size_t victim : {std::size_t{1}, std::size_t{4}}) {
                 if (reducing_fault && victim == 4) continue; // a client reduces nothing
-                INFO(name(f) << ", victim " << victim << (posted ? ", posted compute" : ""));
+                INFO(to_string(f) << ", victim " << victim << (posted ? ", posted compute" : ""));
                 allreduce_group<sim_world> g(roles, 5000, allreduce_group<sim_world>::small_parts(),
                                              1, std::nullopt, posted);
                 auto& v = g.peers[victim];
-                auto crash = [&g, &v] { g.world.network.crash(v.transport->node()); };
+                auto crash = [&g, victim] {
+                    g.world.network.crash(g.members[victim].transport->node());
+                };
                 asio::cancellation_signal cancel;
                 averaging::allreduce_hooks hooks;
                 bool crashed = false;
@@ -529,7 +490,7 @@ TEST_CASE("allreduce faults (5 peers, one a client): healthy peers finish by the
                     break;
                 }
                 v.service->set_hooks(hooks);
-                g.started_at = g.now();
+                g.started_at = g.world.now();
                 for (std::size_t i = 0; i < g.peers.size(); ++i) {
                     if (i == victim && f == fault::fail_before) continue;
                     g.start(i, timeout, i == victim ? cancel.slot() : asio::cancellation_slot{});

@@ -1,6 +1,7 @@
 // The averager on a simulated DHT swarm: Moshpit steps reach the exact global mean, a
 // scheduled step waits for its trigger, a lonely peer gets too_few_peers, state loads.
-#include "dht/swarm.hpp"
+#include "support/bytes.hpp"
+#include "support/swarm_checks.hpp"
 
 #include <hivemesh/averaging/averager.hpp>
 #include <hivemesh/tensor/raw.hpp>
@@ -37,7 +38,7 @@ struct averager_swarm {
                 v = static_cast<float>(rng.normal());
             averaging::averager_options o;
             o.prefix = "run";
-            o.group_bits = bits;
+            o.group_key_length = bits;
             o.initial_bits = averaging::group_bits(i % (std::size_t{1} << bits), bits);
             o.target_group_size = group;
             o.min_group_size = 2;
@@ -49,7 +50,7 @@ struct averager_swarm {
             averagers.push_back(
                 std::make_unique<averager_type>(*m.rpc, *m.dht, m.endpoint, refs, o));
         }
-        dht.bootstrap(1);
+        test::bootstrap(dht, 1);
     }
 
     std::vector<double> mean() const {
@@ -124,7 +125,7 @@ TEST_CASE("averager: cancelling a step ends it at once with cancelled", "[averag
     averager_swarm s(1, 0, 4);
     asio::cancellation_signal signal;
     std::optional<std::error_code> got;
-    const auto start = s.dht.now();
+    const auto start = s.dht.world.now();
     s.averagers[0]->async_step(
         1.0, asio::bind_cancellation_slot(
                  signal.slot(), [&](std::error_code ec, averaging::step_result) { got = ec; }));
@@ -133,14 +134,14 @@ TEST_CASE("averager: cancelling a step ends it at once with cancelled", "[averag
     signal.emit(asio::cancellation_type::terminal);
     REQUIRE(s.dht.world.run_until([&] { return got.has_value(); }, 600s));
     CHECK(*got == errc::cancelled);
-    CHECK(s.dht.now() - start < 3s);
+    CHECK(s.dht.world.now() - start < 3s);
 }
 
 TEST_CASE("averager: a newcomer loads the state a peer serves", "[averager]") {
     averager_swarm s(3, 0, 4);
     s.averagers[1]->serve_state(
         [&] {
-            averaging::state st;
+            averaging::state_snapshot st;
             st.metadata = bytes_of("epoch 7");
             st.tensors = {s.first[1], s.second[1]};
             return st;

@@ -1,6 +1,7 @@
 // Matchmaking over a simulated DHT swarm: groups form, are consistent, respect the sizes,
 // never mix schemas, take clients, survive a leader that crashes; wire format oracles.
-#include "dht/swarm.hpp"
+#include "support/bytes.hpp"
+#include "support/swarm_checks.hpp"
 
 #include <hivemesh/averaging/matchmaking.hpp>
 
@@ -34,7 +35,7 @@ struct matchmaking_swarm {
             if (i < peers) announce = m.endpoint;
             makers.push_back(std::make_unique<matchmaker_type>(*m.rpc, *m.dht, announce, options));
         }
-        dht.bootstrap(1);
+        test::bootstrap(dht, 1);
         outcomes.resize(peers + clients);
     }
 
@@ -140,7 +141,7 @@ TEST_CASE("matchmaking: small groups that gathered apart merge into a full one b
     // gather as another. The leader of the later pair must join the earlier leader and
     // bring its follower along: one group of 4, at once, not two of 2 at the expirations.
     matchmaking_swarm s(4, options_of(2, 4));
-    const auto start = s.dht.now();
+    const auto start = s.dht.world.now();
     for (std::size_t i : {2, 3}) {
         auto r = request_of(i);
         r.window = 8s;
@@ -154,7 +155,7 @@ TEST_CASE("matchmaking: small groups that gathered apart merge into a full one b
     const auto& members = groups.begin()->second.members;
     CHECK(members.front().peer.id ==
           std::min(s.dht.members[0].rpc->id(), s.dht.members[1].rpc->id()));
-    CHECK(s.dht.now() - start < 4s); // a poll or two, not the 6 s window
+    CHECK(s.dht.world.now() - start < 4s); // a poll or two, not the 6 s window
 }
 
 TEST_CASE("matchmaking: 16 peers that start within 200 ms under 4 keys form 4 full groups",
@@ -177,9 +178,9 @@ TEST_CASE("matchmaking: 16 peers that start within 200 ms under 4 keys form 4 fu
         for (std::size_t i = 0; i < 16; ++i)
             starts.emplace_back(std::chrono::microseconds(rng.uniform(200'000)), i);
         std::sort(starts.begin(), starts.end());
-        const auto start = s.dht.now();
+        const auto start = s.dht.world.now();
         for (const auto& [at, i] : starts) {
-            s.dht.world.network.time().run_for(at - (s.dht.now() - start));
+            s.dht.world.network.time().run_for(at - (s.dht.world.now() - start));
             auto r = request_of(i);
             r.bits = group_bits(i % 4, 2);
             s.start(i, r);
@@ -190,7 +191,7 @@ TEST_CASE("matchmaking: 16 peers that start within 200 ms under 4 keys form 4 fu
                 keys.insert(static_cast<std::size_t>(m.bandwidth - 1.0) % 4);
             CHECK(keys.size() == 1);
         }
-        CHECK(s.dht.now() - start < 6s); // the window: nobody waited it out
+        CHECK(s.dht.world.now() - start < 6s); // the window: nobody waited it out
     }
 }
 
@@ -210,13 +211,13 @@ TEST_CASE("matchmaking: a partial group forms at the leader's expiration when it
     }
     SECTION("2 peers, min 3: too_few_peers for both, after their window") {
         matchmaking_swarm s(2, options_of(3, 8));
-        const auto start = s.dht.now();
+        const auto start = s.dht.world.now();
         for (std::size_t i = 0; i < 2; ++i)
             s.start(i, request_of(i));
         s.wait();
         for (auto& o : s.outcomes)
             CHECK(o->first == errc::too_few_peers);
-        CHECK(s.dht.now() - start >= 6s);
+        CHECK(s.dht.world.now() - start >= 6s);
     }
 }
 
@@ -300,7 +301,7 @@ void check_grouping_past_crashed_first_candidate(averaging::matchmaking_options 
         r.window = window;
         return r;
     };
-    const auto start = s.dht.now();
+    const auto start = s.dht.world.now();
     s.start(0, request(0));
     s.dht.world.network.time().run_for(500ms); // its declaration is stored by now
     s.dht.world.network.crash(s.dht.members[0].transport->node());
@@ -313,7 +314,7 @@ void check_grouping_past_crashed_first_candidate(averaging::matchmaking_options 
     const auto groups = s.check_consistent();
     REQUIRE(groups.size() == 1);
     CHECK(groups.begin()->second.members.size() == 3);
-    CHECK(s.dht.now() - start < 500ms + window + 1s);
+    CHECK(s.dht.world.now() - start < 500ms + window + 1s);
 }
 
 } // namespace

@@ -1,19 +1,19 @@
-// A Moshpit swarm on the simulated network: N peers, each with an RPC node and the real
-// butterfly all-reduce service, averaging within given groups all at once; peers can crash
-// before a round and come back after it. Shared by tests/averaging/moshpit_test.cpp and
-// bench/moshpit_sim_bench.cpp, so it reports instead of asserting (no Catch2 here).
+// A Moshpit swarm on the simulated network: the swarm fixture's hosts (RPC nodes, no DHT),
+// each peer with the real butterfly all-reduce service, averaging within given groups all at
+// once; peers can crash before a round and come back after it. Shared by
+// tests/averaging/moshpit_test.cpp and bench/moshpit_sim_bench.cpp, so it reports instead of
+// asserting (no Catch2 here).
 #pragma once
 
-#include "net/worlds.hpp"
+#include "support/identities.hpp"
+#include "support/swarm.hpp"
 
 #include <hivemesh/averaging/allreduce.hpp>
 #include <hivemesh/averaging/group_key.hpp>
 #include <hivemesh/averaging/load_balancing.hpp>
 #include <hivemesh/core/random.hpp>
-#include <hivemesh/crypto/identity.hpp>
 
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -45,15 +45,13 @@ inline peer_groups random_partition(std::size_t count, std::size_t group_size,
     return groups;
 }
 
-struct moshpit_swarm {
-    using rpc_type = net::node<net::sim::transport>;
+/// Peer i is host members[i] of the swarm with peers[i] on top.
+struct moshpit_swarm : swarm<sim_world> {
     using service_type = averaging::allreduce_service<net::sim::transport>;
 
-    struct peer {
-        net::sim::transport* transport = nullptr;
-        std::unique_ptr<rpc_type> rpc;
+    /// What a peer adds to its host.
+    struct peer_state {
         std::unique_ptr<service_type> service;
-        net::sim::endpoint endpoint{};
         std::vector<float> values;
         averaging::group_bits bits;
         bool down = false; ///< crashed and not restarted yet
@@ -76,33 +74,26 @@ struct moshpit_swarm {
         return options;
     }
 
-    sim_world world;
-    std::deque<peer> peers;
+    std::deque<peer_state> peers;
     std::size_t size;
 
     /// `count` peers with `elements` values each, normal(0, 1) from `seed` (identities too).
     moshpit_swarm(std::size_t count, std::size_t elements, std::uint64_t seed,
                   const averaging::allreduce_options& options = default_options(),
-                  const net::node_options& rpc_options = {})
+                  const net::node_options& node_options = {})
         : size(elements) {
-        random_generator rng(seed);
+        rpc_options = node_options;
+        random_generator draws(seed);
         for (std::size_t i = 0; i < count; ++i) {
+            auto& m = add_rpc(random_identity(draws));
+            m.endpoint = serve(i, 0);
             auto& p = peers.emplace_back();
-            p.transport = &world.add_host();
-            std::array<std::byte, 32> key{};
-            for (auto& b : key)
-                b = static_cast<std::byte>(rng() & 0xFF);
-            p.rpc = std::make_unique<rpc_type>(*p.transport, crypto::identity::from_seed(key),
-                                               rpc_options);
-            p.endpoint = listen(p, 0);
-            p.service = std::make_unique<service_type>(*p.rpc, options);
+            p.service = std::make_unique<service_type>(*m.rpc, options);
             p.values.resize(elements);
             for (auto& v : p.values)
-                v = static_cast<float>(rng.normal());
+                v = static_cast<float>(draws.normal());
         }
     }
-
-    time_point now() const { return world.network.time().now(); }
 
     std::vector<double> global_mean() const {
         std::vector<double> mean(size, 0.0);
@@ -129,17 +120,15 @@ struct moshpit_swarm {
     /// Crashes peer i's simulated node: its listener and connections close, dials to it
     /// time out. Its values stay as they are.
     void crash(std::size_t i) {
-        auto& p = peers[i];
-        world.network.crash(p.transport->node());
-        p.down = true;
+        world.network.crash(members[i].transport->node());
+        peers[i].down = true;
     }
 
     /// Brings a crashed peer back with the same identity, listening at the same endpoint.
     void restart(std::size_t i) {
-        auto& p = peers[i];
-        world.network.restart(p.transport->node());
-        listen(p, p.endpoint.port);
-        p.down = false;
+        world.network.restart(members[i].transport->node());
+        serve(i, members[i].endpoint.port);
+        peers[i].down = false;
     }
 
     /// Queued connections per listener: SOMAXCONN, as the TCP transport's listen() asks.
@@ -147,10 +136,12 @@ struct moshpit_swarm {
     /// peers starts at the same virtual instant, which the all-reduce does not retry.
     static constexpr std::size_t listen_backlog = 4096;
 
-    net::sim::endpoint listen(peer& p, std::uint16_t port) {
-        auto listener = world.network.listen(p.transport->node(), port, listen_backlog);
+    /// Peer i serves at `port` of its node (0: a free one).
+    net::sim::endpoint serve(std::size_t i, std::uint16_t port) {
+        auto& m = members[i];
+        auto listener = world.network.listen(m.transport->node(), port, listen_backlog);
         const auto endpoint = listener.local_endpoint();
-        p.rpc->serve(std::move(listener));
+        m.rpc->serve(std::move(listener));
         return endpoint;
     }
 
@@ -165,18 +156,21 @@ struct moshpit_swarm {
             std::size_t pending = 0;
         };
         const auto t = std::make_shared<tally>();
-        const auto started_at = now();
-        for (const auto& members : groups) {
+        const auto started_at = world.now();
+        for (const auto& in_group : groups) {
             averaging::group_info<net::sim::endpoint> group;
-            random_generator id_source(round * 1'000'003 + members.front());
+            random_generator id_source(round * 1'000'003 + in_group.front());
             for (auto& b : group.id)
                 b = static_cast<std::byte>(id_source() & 0xFF);
-            for (const auto i : members)
-                group.members.push_back({{peers[i].rpc->id(), peers[i].endpoint}, {}, 0, {}});
-            const std::vector<double> bandwidths(members.size(), 1.0);
+            for (const auto i : in_group)
+                group.members.push_back({.peer = members[i].address(),
+                                         .role = averaging::member_role::node,
+                                         .bandwidth = 0,
+                                         .metadata = {}});
+            const std::vector<double> bandwidths(in_group.size(), 1.0);
             const auto spans = averaging::load_balance(size, bandwidths);
-            for (std::size_t index = 0; index < members.size(); ++index) {
-                auto& p = peers[members[index]];
+            for (std::size_t index = 0; index < in_group.size(); ++index) {
+                auto& p = peers[in_group[index]];
                 if (p.down) continue;
                 ++t->pending;
                 ++t->report.started;
@@ -186,7 +180,7 @@ struct moshpit_swarm {
                         if (ec) ++t->report.errors;
                         t->report.min_fraction =
                             std::min(t->report.min_fraction, r.fraction_averaged());
-                        t->report.elapsed = std::max(t->report.elapsed, now() - started_at);
+                        t->report.elapsed = std::max(t->report.elapsed, world.now() - started_at);
                         --t->pending;
                     });
             }
@@ -203,8 +197,8 @@ struct moshpit_swarm {
         for (std::size_t i = 0; i < peers.size(); ++i)
             by_key[peers[i].bits].push_back(i);
         peer_groups groups;
-        for (auto& [bits, members] : by_key)
-            groups.push_back(std::move(members));
+        for (auto& [bits, in_group] : by_key)
+            groups.push_back(std::move(in_group));
         return groups;
     }
 

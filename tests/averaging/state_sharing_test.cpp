@@ -1,6 +1,8 @@
 // State sharing: wire messages (exact bytes, hostile input) and downloads from donors over the
 // DHT, every networked case on the simulated network and on loopback TCP.
-#include "dht/swarm.hpp"
+#include "support/bytes.hpp"
+#include "support/identities.hpp"
+#include "support/swarm_checks.hpp"
 
 #include <hivemesh/averaging/state_sharing.hpp>
 #include <hivemesh/compression/compress.hpp>
@@ -36,9 +38,9 @@ constexpr std::size_t swarm_size = 6;
 /// A state of tensors with these sizes: pseudo-random values plus special bit patterns
 /// (signed zero, infinities, a NaN with a payload, a denormal), so that only a bit-exact copy
 /// passes bitwise_equal.
-averaging::state make_state(std::uint64_t seed, const std::vector<std::size_t>& sizes) {
+averaging::state_snapshot make_state(std::uint64_t seed, const std::vector<std::size_t>& sizes) {
     random_generator rng(seed);
-    averaging::state s;
+    averaging::state_snapshot s;
     s.metadata = bytes_of("epoch=" + std::to_string(seed));
     for (const auto n : sizes) {
         std::vector<float> t(n);
@@ -61,7 +63,7 @@ template <class World>
 void start(swarm<World>& s) {
     for (std::size_t i = 0; i < swarm_size; ++i)
         s.add(4000 + i);
-    s.bootstrap(1, 5);
+    test::bootstrap(s, 1, 5);
 }
 
 template <class World>
@@ -71,7 +73,7 @@ using server_type = averaging::state_server<typename World::transport_type>;
 /// once its first advertisement is stored.
 template <class World>
 std::unique_ptr<server_type<World>>
-serve(swarm<World>& s, std::size_t i, const averaging::state& shared, double priority,
+serve(swarm<World>& s, std::size_t i, const averaging::state_snapshot& shared, double priority,
       averaging::server_options options = {}, std::optional<asio::any_io_executor> compute = {}) {
     auto& m = s.members[i];
     auto server = std::make_unique<server_type<World>>(
@@ -84,7 +86,7 @@ serve(swarm<World>& s, std::size_t i, const averaging::state& shared, double pri
 template <class World>
 std::tuple<std::error_code, averaging::downloaded_state>
 load(swarm<World>& s, std::size_t i, averaging::load_options options = {}) {
-    return s.template wait<std::error_code, averaging::downloaded_state>([&](auto handler) {
+    return test::wait_for<std::error_code, averaging::downloaded_state>(s.world, [&](auto handler) {
         averaging::async_load_state(*s.members[i].rpc, *s.members[i].dht, prefix, options, handler);
     });
 }
@@ -108,12 +110,15 @@ void advertise_by_hand(swarm<World>& s, std::size_t i, double priority) {
     using transport = typename World::transport_type;
     const averaging::donor_record record{priority, transport::to_address(m.endpoint)};
     const auto key = bytes_of(averaging::donors_key(prefix));
-    auto [ec, outcome] = s.template wait<std::error_code, dht::store_outcome>([&](auto handler) {
-        m.dht->async_store(
-            dht::record{
-                key, to_buffer(m.rpc->id().view()), averaging::encode(record), s.now() + 1h, {}},
-            handler);
-    });
+    auto [ec, outcome] =
+        test::wait_for<std::error_code, dht::store_outcome>(s.world, [&](auto handler) {
+            m.dht->async_store(dht::record{.key = key,
+                                           .subkey = to_buffer(m.rpc->id().view()),
+                                           .value = averaging::encode(record),
+                                           .expiration = s.world.now() + 1h,
+                                           .signature = {}},
+                               handler);
+        });
     REQUIRE_FALSE(ec);
 }
 
@@ -121,7 +126,7 @@ void advertise_by_hand(swarm<World>& s, std::size_t i, double priority) {
 /// hashing it, then waits for the newcomer to hang up (it never sends the rest), so only a
 /// check on arrival can end the download quickly with corrupt_data.
 template <class World>
-void install_corrupt_donor(swarm<World>& s, std::size_t i, const averaging::state& shared,
+void install_corrupt_donor(swarm<World>& s, std::size_t i, const averaging::state_snapshot& shared,
                            std::uint32_t chunk_elements, std::uint64_t bad_chunk,
                            std::size_t& served) {
     s.members[i].rpc->add_stream_handler(
@@ -162,7 +167,7 @@ void install_corrupt_donor(swarm<World>& s, std::size_t i, const averaging::stat
         });
 }
 
-bool same_bits(const averaging::state& a, const averaging::state& b) {
+bool same_bits(const averaging::state_snapshot& a, const averaging::state_snapshot& b) {
     return averaging::bitwise_equal(a, b);
 }
 
@@ -355,7 +360,7 @@ TEST_CASE("chunking: hashes cover each chunk's compressed payload, and the assem
         CHECK(assemble(flipped) == errc::corrupt_data);
     }
     // A state without elements has no chunks.
-    averaging::state empty;
+    averaging::state_snapshot empty;
     empty.metadata = bytes_of("only metadata");
     empty.tensors = {{}, {}};
     REQUIRE_FALSE(averaging::make_header(empty, compression::kind::none, 4, h));
@@ -523,7 +528,7 @@ TEMPLATE_TEST_CASE("the donor with the higher priority is chosen", "[averaging][
     CHECK(low->statistics().uploads_started == 0);
     // A new priority takes effect with the next advertisement.
     low->set_priority(9);
-    auto [aec] = s.template wait<std::error_code>([&](auto h) { low->async_advertise(h); });
+    auto [aec] = test::wait_for<std::error_code>(s.world, [&](auto h) { low->async_advertise(h); });
     REQUIRE_FALSE(aec);
     auto [ec2, result2] = load(s, 5);
     REQUIRE_FALSE(ec2);
@@ -583,7 +588,7 @@ TEMPLATE_TEST_CASE("a corrupted chunk is detected on arrival and the newcomer fa
     CHECK(result.failures[0].error == errc::corrupt_data);
 
     // With the honest donor gone, the corrupt one is all there is: an error, never its state.
-    auto [sec] = s.template wait<std::error_code>([&](auto h) { honest->async_stop(h); });
+    auto [sec] = test::wait_for<std::error_code>(s.world, [&](auto h) { honest->async_stop(h); });
     REQUIRE_FALSE(sec);
     auto [cec, corrupt] = load(s, 5, options);
     CHECK(cec == errc::corrupt_data);
@@ -605,15 +610,15 @@ TEMPLATE_TEST_CASE(
 
     const auto shared = make_state(51, {10});
     auto donor = serve(s, 1, shared, 1);
-    auto [lec, listed] = s.template wait<std::error_code, std::vector<averaging::donor_info>>(
-        [&](auto h) { averaging::async_list_donors(*s.members[2].dht, prefix, h); });
+    auto [lec, listed] = test::wait_for<std::error_code, std::vector<averaging::donor_info>>(
+        s.world, [&](auto h) { averaging::async_list_donors(*s.members[2].dht, prefix, h); });
     REQUIRE_FALSE(lec);
     REQUIRE(listed.size() == 1);
     CHECK(listed[0].id == s.members[1].rpc->id());
     CHECK(listed[0].address ==
           TestType::transport_type::to_address(s.members[1].endpoint).without_peer());
 
-    auto [sec] = s.template wait<std::error_code>([&](auto h) { donor->async_stop(h); });
+    auto [sec] = test::wait_for<std::error_code>(s.world, [&](auto h) { donor->async_stop(h); });
     REQUIRE_FALSE(sec);
     CHECK_FALSE(donor->serving());
     auto [ec2, result2] = load(s, 2);

@@ -3,7 +3,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "net/test_support.hpp"
+#include "support/bytes.hpp"
 
 #include <bit>
 #include <cstdint>

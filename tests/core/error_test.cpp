@@ -55,6 +55,7 @@ TEST_CASE("every errc has its own value and message", "[core][error]") {
         {errc::too_few_peers, {32, "too few peers to form a group"}},
         {errc::unknown_group, {33, "unknown averaging group"}},
         {errc::not_a_donor, {34, "peer does not serve state"}},
+        {errc::internal_error, {35, "internal error (see the log)"}},
     };
     for (const auto& [e, value_and_message] : expected) {
         const auto& [value, message] = value_and_message;

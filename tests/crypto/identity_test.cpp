@@ -1,3 +1,5 @@
+#include "support/identities.hpp"
+
 #include <hivemesh/crypto/identity.hpp>
 
 #include <catch2/catch.hpp>
@@ -27,16 +29,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using hivemesh::test::seed_of;
+
 byte_buffer from_hex(std::string_view hex) {
     byte_buffer out;
     for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
         out.push_back(
             static_cast<std::byte>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16)));
     return out;
-}
-
-byte_buffer seed_of(std::uint8_t fill) {
-    return byte_buffer(32, std::byte{fill});
 }
 
 /// A fresh directory under the system temp dir, removed with everything in it.

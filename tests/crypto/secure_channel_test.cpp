@@ -1,3 +1,6 @@
+#include "support/bytes.hpp"
+#include "support/identities.hpp"
+
 #include <hivemesh/core/random.hpp>
 #include <hivemesh/crypto/secure_channel.hpp>
 
@@ -20,9 +23,8 @@ using namespace hivemesh::crypto;
 
 namespace {
 
-identity identity_of(std::uint8_t fill) {
-    return identity::from_seed(byte_buffer(32, std::byte{fill}));
-}
+using hivemesh::test::identity_of;
+using hivemesh::test::random_bytes;
 
 std::array<std::byte, 32> key_bytes(std::uint8_t fill) {
     std::array<std::byte, 32> key;
@@ -92,14 +94,6 @@ byte_buffer pass(record_sealer& from, record_opener& to, byte_view payload) {
     REQUIRE_FALSE(to.open(wire, type, opened));
     CHECK(type == record_type::data);
     return byte_buffer(opened.begin(), opened.end());
-}
-
-byte_buffer pattern(std::size_t size, std::uint64_t seed) {
-    hivemesh::random_generator rng(seed);
-    byte_buffer out(size);
-    for (auto& b : out)
-        b = static_cast<std::byte>(rng() & 0xFF);
-    return out;
 }
 
 /// Opens one whole record with `opener`; returns the error.
@@ -508,7 +502,7 @@ TEST_CASE("garbage handshake messages are refused cleanly", "[crypto][secure_cha
     for (std::size_t size : {0, 1, 4, 38, 39, 40, 112, 145, 4096}) {
         for (int round = 0; round < 20; ++round) {
             CAPTURE(size, round);
-            auto garbage = pattern(size, rng());
+            auto garbage = random_bytes(size, rng());
             handshake listener(bob, role::listener);
             CHECK(listener.on_message(garbage, reply) == errc::handshake_failed);
             CHECK(reply.empty());
@@ -572,7 +566,7 @@ TEST_CASE("records follow the documented wire format", "[crypto][secure_channel]
         const std::size_t tag = suite == cipher::plaintext ? 0 : 16;
         for (std::size_t size : {0, 1, 15, 16, 17, 1000, 65536}) {
             CAPTURE(size);
-            const auto payload = pattern(size, size);
+            const auto payload = random_bytes(size, size);
             const std::uint64_t counter = sealer.records_sealed();
             byte_buffer record;
             REQUIRE_FALSE(sealer.append(payload, record));
@@ -619,7 +613,7 @@ TEST_CASE("records follow the documented wire format", "[crypto][secure_channel]
         }
 
         // In-place sealing: the payload already sits at payload_offset.
-        const auto payload = pattern(300, 7);
+        const auto payload = random_bytes(300, 7);
         byte_buffer record(sealer.record_size(payload.size()));
         std::copy(payload.begin(), payload.end(), record.begin() + record_sealer::payload_offset);
         REQUIRE_FALSE(
@@ -641,7 +635,7 @@ TEST_CASE("tampered, replayed, reordered and foreign records fail authentication
         record_sealer sealer(suite, key);
         std::vector<byte_buffer> records(3);
         for (std::size_t i = 0; i < records.size(); ++i)
-            REQUIRE_FALSE(sealer.append(pattern(40, i), records[i]));
+            REQUIRE_FALSE(sealer.append(random_bytes(40, i), records[i]));
 
         SECTION("every bit of body and tag") {
             for (std::size_t bit = 4 * 8; bit < records[0].size() * 8; ++bit) {
@@ -840,7 +834,7 @@ TEST_CASE("keys rotate on schedule in both directions", "[crypto][secure_channel
         auto result = run_handshake(alice, bob, options, listener_options);
         REQUIRE(result.done());
         for (std::size_t i = 0; i < 20; ++i) {
-            const auto payload = pattern(40, i);
+            const auto payload = random_bytes(40, i);
             CHECK(pass(result.dialer->sealer, result.listener->opener, payload) == payload);
             CHECK(pass(result.listener->sealer, result.dialer->opener, payload) == payload);
         }
@@ -859,8 +853,8 @@ TEST_CASE("keys rotate on schedule in both directions", "[crypto][secure_channel
     record_sealer steady_sealer(cipher::chacha20_poly1305, key);
     std::vector<byte_buffer> rotated(4), steady(4);
     for (std::size_t i = 0; i < 4; ++i) {
-        REQUIRE_FALSE(rotating_sealer.append(pattern(10, i), rotated[i]));
-        REQUIRE_FALSE(steady_sealer.append(pattern(10, i), steady[i]));
+        REQUIRE_FALSE(rotating_sealer.append(random_bytes(10, i), rotated[i]));
+        REQUIRE_FALSE(steady_sealer.append(random_bytes(10, i), steady[i]));
     }
     CHECK(rotated[1] == steady[1]); // same key, same counter
     CHECK(rotated[3] != steady[3]); // new key after record 2
@@ -962,7 +956,7 @@ TEST_CASE("a plaintext record opens from its prefix as it does whole", "[crypto]
     record_opener whole(cipher::plaintext, key), by_prefix(cipher::plaintext, key);
     for (const std::size_t size : {1, 7, 1000, 65536}) {
         CAPTURE(size);
-        const auto payload = pattern(size, size);
+        const auto payload = random_bytes(size, size);
         byte_buffer record;
         REQUIRE_FALSE(sealer.append(payload, record));
         for (const std::size_t head : {std::size_t{0}, std::size_t{1}, size}) {
@@ -999,7 +993,7 @@ TEST_CASE("a plaintext record opens from its prefix as it does whole", "[crypto]
     }
     record_opener opener(cipher::plaintext, key);
     byte_buffer record;
-    REQUIRE_FALSE(sealer.append(pattern(100, 1), record));
+    REQUIRE_FALSE(sealer.append(random_bytes(100, 1), record));
     record_type type{};
     std::span<std::byte> head;
     // Misuse: a prefix without the type byte or longer than the record, a wrong record

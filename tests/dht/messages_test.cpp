@@ -3,7 +3,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "net/test_support.hpp"
+#include "support/bytes.hpp"
+#include "support/time.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -24,18 +25,12 @@ using hivemesh::net::peer_address;
 
 namespace {
 
+using hivemesh::test::at_nanoseconds;
+using hivemesh::test::bytes_of;
 using hivemesh::test::hex;
-
-byte_buffer text(std::string_view s) {
-    return hivemesh::to_buffer(hivemesh::as_bytes(s));
-}
 
 byte_buffer filled(std::size_t n, int value) {
     return byte_buffer(n, static_cast<std::byte>(value));
-}
-
-time_point at(std::int64_t ns) {
-    return time_point{hivemesh::duration{ns}};
 }
 
 peer_id test_peer(int fill) {
@@ -127,7 +122,8 @@ dht::ping_response sentinel<dht::ping_response>() {
 }
 template <>
 dht::store_request sentinel<dht::store_request>() {
-    return {{}, {{{text("sentinel"), std::nullopt, text("v"), at(5), {}}, true}}};
+    return {{},
+            {{{bytes_of("sentinel"), std::nullopt, bytes_of("v"), at_nanoseconds(5), {}}, true}}};
 }
 template <>
 dht::store_response sentinel<dht::store_response>() {
@@ -196,17 +192,17 @@ dht::record make_record(std::string_view key, std::optional<std::string_view> su
                         std::string_view value, std::int64_t expiration,
                         std::string_view signature = "") {
     dht::record r;
-    r.key = text(key);
-    if (subkey) r.subkey = text(*subkey);
-    r.value = text(value);
-    r.expiration = at(expiration);
-    r.signature = text(signature);
+    r.key = bytes_of(key);
+    if (subkey) r.subkey = bytes_of(*subkey);
+    r.value = bytes_of(value);
+    r.expiration = at_nanoseconds(expiration);
+    r.signature = bytes_of(signature);
     return r;
 }
 
 dht::stored_value make_value(std::string_view value, std::int64_t expiration,
                              std::string_view signature = "") {
-    return {text(value), at(expiration), text(signature)};
+    return {bytes_of(value), at_nanoseconds(expiration), bytes_of(signature)};
 }
 
 constexpr std::int64_t i64_min = std::numeric_limits<std::int64_t>::min();
@@ -241,8 +237,8 @@ TEST_CASE("dht messages: exact bytes of small messages", "[dht]") {
           "10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f 20 21 22 23");
 
     dht::key_entry entry;
-    entry.key = text("k");
-    entry.dictionary[text("a")] = make_value("x", 2);
+    entry.key = bytes_of("k");
+    entry.dictionary[bytes_of("a")] = make_value("x", 2);
     dht::find_response found{
         {{entry, {{test_peer(0xAA), peer_address::from_string("/ip4/1.2.3.4/tcp/258")}}}}};
     CHECK(hex(dht::encode(found)) ==
@@ -285,7 +281,7 @@ TEST_CASE("dht messages: store request round trips", "[dht]") {
         big.subkey = filled(limits.max_subkey_size, 2);
         big.value = filled(limits.max_value_size, 3);
         big.signature = filled(limits.max_signature_size, 4);
-        big.expiration = at(123);
+        big.expiration = at_nanoseconds(123);
         check_round_trip(dht::store_request{{addresses[5]}, {{big, true}}});
     }
     SECTION("the maximum number of items") {
@@ -334,18 +330,18 @@ TEST_CASE("dht messages: find response round trips", "[dht]") {
 
     dht::key_entry empty_entry; // neither plain nor dictionary: holds nothing, still valid
     dht::key_entry plain;
-    plain.key = text("plain");
+    plain.key = bytes_of("plain");
     plain.plain = make_value("", 0);
     dht::key_entry falsy;
     falsy.plain = make_value(std::string_view("\0", 1), -1, std::string_view("\0", 1));
     dht::key_entry dictionary;
-    dictionary.key = text("dict");
+    dictionary.key = bytes_of("dict");
     // Unsigned byte order, prefixes before extensions, the empty subkey first.
     for (const auto subkey :
          {std::string_view(""), std::string_view("\0", 1), std::string_view("a"),
           std::string_view("ab"), std::string_view("b"), std::string_view("\x7f"),
           std::string_view("\x80"), std::string_view("\xff")})
-        dictionary.dictionary[text(subkey)] = make_value(subkey, 7, "sig");
+        dictionary.dictionary[bytes_of(subkey)] = make_value(subkey, 7, "sig");
 
     check_round_trip(dht::find_response{});
     check_round_trip(dht::find_response{{dht::find_result{}}});
@@ -358,14 +354,14 @@ TEST_CASE("dht messages: find response round trips", "[dht]") {
     SECTION("maximum sizes and counts") {
         dht::key_entry big;
         big.key = filled(limits.max_key_size, 1);
-        big.plain = {filled(limits.max_value_size, 2), at(i64_max),
+        big.plain = {filled(limits.max_value_size, 2), at_nanoseconds(i64_max),
                      filled(limits.max_signature_size, 3)};
         dht::key_entry big_dictionary;
-        big_dictionary.key = text("k");
+        big_dictionary.key = bytes_of("k");
         big_dictionary.dictionary[filled(limits.max_subkey_size, 0xFF)] = *big.plain;
         dht::key_entry many_subkeys;
         for (std::size_t i = 0; i < limits.max_subkeys; ++i)
-            many_subkeys.dictionary[text(std::to_string(i))] =
+            many_subkeys.dictionary[bytes_of(std::to_string(i))] =
                 make_value("v", static_cast<std::int64_t>(i));
         std::vector<dht::peer_info> many_peers;
         for (std::size_t i = 0; i < limits.max_peers; ++i)
@@ -521,11 +517,11 @@ TEST_CASE("dht messages: each limit is enforced by decode and encode", "[dht]") 
     at_limit(dht::find_request{{}, {}, 10}, with([](auto& l) { l.max_peers = 10; }));
 
     dht::key_entry dictionary;
-    dictionary.key = text("key");
-    dictionary.dictionary[text("sub")] = make_value("value", 1, "sg");
-    dictionary.dictionary[text("s2")] = make_value("v", 1);
+    dictionary.key = bytes_of("key");
+    dictionary.dictionary[bytes_of("sub")] = make_value("value", 1, "sg");
+    dictionary.dictionary[bytes_of("s2")] = make_value("v", 1);
     dht::key_entry plain;
-    plain.key = text("k");
+    plain.key = bytes_of("k");
     plain.plain = make_value("value", 1, "sg");
     const std::vector<dht::peer_info> two_peers = {{test_peer(1), addresses[0]},
                                                    {test_peer(2), addresses[6]}};
@@ -595,7 +591,7 @@ TEST_CASE("dht messages: dictionaries must be sorted, unique, and alone", "[dht]
 
     dht::key_entry both;
     both.plain = make_value("p", 1);
-    both.dictionary[text("a")] = make_value("v", 1);
+    both.dictionary[bytes_of("a")] = make_value("v", 1);
     CHECK_THROWS_AS(dht::encode(dht::find_response{{{both, {}}}}), std::system_error);
 }
 
@@ -702,9 +698,9 @@ TEST_CASE("dht messages: what decodes re-encodes to the same bytes under mutatio
     // canonical, and nothing may crash.
     hivemesh::random_generator rng(20240607);
     dht::key_entry dictionary;
-    dictionary.key = text("key");
-    dictionary.dictionary[text("a")] = make_value("1", 1, "s");
-    dictionary.dictionary[text("b")] = make_value("", -5);
+    dictionary.key = bytes_of("key");
+    dictionary.dictionary[bytes_of("a")] = make_value("1", 1, "s");
+    dictionary.dictionary[bytes_of("b")] = make_value("", -5);
     dht::key_entry plain;
     plain.plain = make_value("value", 9);
     const std::vector<byte_buffer> seeds = {

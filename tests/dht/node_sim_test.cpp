@@ -1,5 +1,7 @@
 // The DHT at swarm scale on the simulated network: 1000 peers, crashes, partitions, hand-off.
-#include "dht/swarm.hpp"
+#include "support/bytes.hpp"
+#include "support/identities.hpp"
+#include "support/swarm_checks.hpp"
 
 #include <hivemesh/dht/node.hpp>
 
@@ -21,7 +23,7 @@ byte_buffer key_of(std::size_t n) {
     return to_buffer(as_bytes("key/" + std::to_string(n)));
 }
 byte_buffer value_of(std::size_t n) {
-    return test::pattern(64 + n % 200, n);
+    return test::random_bytes(64 + n % 200, n);
 }
 
 /// Stores keys [0, count) each from a random serving member, `parallel` at a time; returns
@@ -34,13 +36,17 @@ std::size_t store_keys(sim_swarm& s, std::size_t count, time_point expiration,
         for (std::size_t k = begin; k < std::min(count, begin + parallel); ++k) {
             ++pending;
             s.members[s.random_member()].dht->async_store(
-                dht::record{key_of(k), std::nullopt, value_of(k), expiration, {}},
+                dht::record{.key = key_of(k),
+                            .subkey = std::nullopt,
+                            .value = value_of(k),
+                            .expiration = expiration,
+                            .signature = {}},
                 [&](std::error_code ec, dht::store_outcome) {
                     if (!ec) ++stored;
                     --pending;
                 });
         }
-        s.wait_all(pending);
+        test::wait_all(s.world, pending);
     }
     return stored;
 }
@@ -62,7 +68,7 @@ std::size_t find_keys(sim_swarm& s, std::size_t count, const std::set<std::size_
                     --pending;
                 });
         }
-        s.wait_all(pending);
+        test::wait_all(s.world, pending);
     }
     return found;
 }
@@ -86,7 +92,7 @@ void build(sim_swarm& s, std::size_t n) {
     s.world.network.set_default_link({5ms, 0, 0.0});
     for (std::size_t i = 0; i < n; ++i)
         s.add(1 + i);
-    s.bootstrap(1);
+    test::bootstrap(s, 1);
 }
 
 } // namespace
@@ -96,7 +102,7 @@ TEST_CASE("1000 peers: every key is found, lookups take few rounds, 30% may cras
     sim_swarm s;
     build(s, 1000);
     constexpr std::size_t key_count = 1000;
-    const auto t0 = s.now();
+    const auto t0 = s.world.now();
     CHECK(store_keys(s, key_count, t0 + 24h) == key_count);
 
     const auto before = counters(s);
@@ -123,7 +129,7 @@ TEST_CASE("1000 peers: every key is found, lookups take few rounds, 30% may cras
         ++pending;
         s.members[i].dht->async_republish([&](std::error_code) { --pending; });
     }
-    s.wait_all(pending);
+    test::wait_all(s.world, pending);
     const auto survived = find_keys(s, key_count, down);
     WARN("after 30% crashed: found " << survived << "/" << key_count);
     CHECK(survived >= key_count * 99 / 100);
@@ -147,7 +153,7 @@ TEST_CASE("two halves that grew apart during a partition join into one swarm aft
         std::vector<sim_swarm::peer> initial{s.members[0].address()};
         if (i > 100) initial.push_back(s.members[100 + s.rng.uniform(i - 100)].address());
         s.members[i].dht->async_bootstrap(initial, [&](std::error_code) { --pending; });
-        s.wait_all(pending);
+        test::wait_all(s.world, pending);
     }
     // How many nodes know at least one node of the other half.
     const auto bridged = [&] {
@@ -165,18 +171,22 @@ TEST_CASE("two halves that grew apart during a partition join into one swarm aft
     CHECK(bridged() == 0);
 
     // Keys stored on each side while split; the other side cannot see them.
-    const auto t0 = s.now();
+    const auto t0 = s.world.now();
     std::size_t pending = 0;
     for (std::size_t k = 0; k < 100; ++k) {
         ++pending;
         s.members[k % 2 == 0 ? k : 100 + k].dht->async_store(
-            dht::record{key_of(k), std::nullopt, value_of(k), t0 + 24h, {}},
+            dht::record{.key = key_of(k),
+                        .subkey = std::nullopt,
+                        .value = value_of(k),
+                        .expiration = t0 + 24h,
+                        .signature = {}},
             [&](std::error_code ec, dht::store_outcome) {
                 CHECK_FALSE(ec);
                 --pending;
             });
     }
-    s.wait_all(pending);
+    test::wait_all(s.world, pending);
     const auto across = [&] {
         std::size_t found = 0;
         std::size_t waiting = 0;
@@ -188,7 +198,7 @@ TEST_CASE("two halves that grew apart during a partition join into one swarm aft
                     --waiting;
                 });
         }
-        s.wait_all(waiting);
+        test::wait_all(s.world, waiting);
         return found;
     };
     CHECK(across() == 0);
@@ -202,8 +212,8 @@ TEST_CASE("two halves that grew apart during a partition join into one swarm aft
     for (std::size_t i = 0; i < 200; i += 10) {
         const auto& target = s.members[(i + 100) % 200];
         auto [ec, nearest] =
-            s.wait<std::error_code, std::vector<sim_swarm::dht_type::contact_type>>(
-                [&](auto handler) {
+            test::wait_for<std::error_code, std::vector<sim_swarm::dht_node_type::contact_type>>(
+                s.world, [&](auto handler) {
                     s.members[i].dht->async_find_nearest(target.dht->id(), 1, handler);
                 });
         REQUIRE_FALSE(ec);
@@ -215,14 +225,14 @@ TEST_CASE("two halves that grew apart during a partition join into one swarm aft
 TEST_CASE("a key is handed to a new node that becomes its nearest", "[dht][sim]") {
     sim_swarm s;
     build(s, 40);
-    const auto t0 = s.now();
+    const auto t0 = s.world.now();
     CHECK(store_keys(s, 20, t0 + 1h) == 20);
     // A newcomer whose id is nearer to key 0 than any member's.
     const auto target = dht::id::of_key(key_of(0));
     std::uint64_t best_seed = 0;
     dht::id best;
     for (std::uint64_t seed = 10'000; seed < 14'000; ++seed) {
-        const auto id = dht::id::of_peer(test::identity_from(seed).id());
+        const auto id = dht::id::of_peer(test::random_identity(seed).id());
         if (seed == 10'000 || dht::closer(target, id, best)) {
             best = id;
             best_seed = seed;
@@ -231,9 +241,9 @@ TEST_CASE("a key is handed to a new node that becomes its nearest", "[dht][sim]"
     for (auto& m : s.members)
         REQUIRE(dht::closer(target, best, m.dht->id()));
     auto& newcomer = s.add(best_seed);
-    s.bootstrap(s.members.size() - 1);
+    test::bootstrap(s, s.members.size() - 1);
     s.world.network.time().run_for(5s);
-    CHECK(newcomer.dht->local_storage().contains(target, s.now()));
+    CHECK(newcomer.dht->local_storage().contains(target, s.world.now()));
     std::uint64_t handoffs = 0;
     for (auto& m : s.members)
         handoffs += m.dht->statistics().handoffs;

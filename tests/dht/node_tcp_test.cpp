@@ -1,5 +1,6 @@
 // The DHT node with 20 peers: every case runs over loopback TCP and on the simulated network.
-#include "dht/swarm.hpp"
+#include "support/bytes.hpp"
+#include "support/swarm_checks.hpp"
 
 #include <hivemesh/dht/node.hpp>
 
@@ -25,27 +26,27 @@ void start(swarm<World>& s, std::size_t count = peer_count) {
     s.options.cache_on_get = false; // so copies are only where stores put them
     for (std::size_t i = 0; i < count; ++i)
         s.add(1000 + i);
-    s.bootstrap(1, 5);
+    test::bootstrap(s, 1, 5);
 }
 
 template <class World>
 std::tuple<std::error_code, dht::store_outcome> store(swarm<World>& s, std::size_t from,
                                                       dht::record r) {
-    return s.template wait<std::error_code, dht::store_outcome>(
-        [&](auto handler) { s.members[from].dht->async_store(std::move(r), handler); });
+    return test::wait_for<std::error_code, dht::store_outcome>(
+        s.world, [&](auto handler) { s.members[from].dht->async_store(std::move(r), handler); });
 }
 
 template <class World>
 std::tuple<std::error_code, dht::key_entry> get(swarm<World>& s, std::size_t from,
                                                 const byte_buffer& key, bool latest = false) {
-    return s.template wait<std::error_code, dht::key_entry>([&](auto handler) {
+    return test::wait_for<std::error_code, dht::key_entry>(s.world, [&](auto handler) {
         s.members[from].dht->async_get(key, dht::get_options{latest}, handler);
     });
 }
 
 template <class World>
 time_point now(swarm<World>& s) {
-    return s.now();
+    return s.world.now();
 }
 
 template <class World>
@@ -67,9 +68,9 @@ TEMPLATE_TEST_CASE("every node finds itself and every other node exactly", "[dht
         for (std::size_t j = 0; j < peer_count; ++j) {
             auto& target = s.members[j];
             auto [ec, nearest] =
-                s.template wait<std::error_code,
-                                std::vector<typename swarm<TestType>::dht_type::contact_type>>(
-                    [&](auto handler) {
+                test::wait_for<std::error_code,
+                               std::vector<typename swarm<TestType>::dht_node_type::contact_type>>(
+                    s.world, [&](auto handler) {
                         s.members[i].dht->async_find_nearest(target.dht->id(), 20, handler);
                     });
             INFO("node " << i << " looking for node " << j);
@@ -89,8 +90,13 @@ TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node
     start(s);
     const auto t0 = now(s);
     const auto key = bytes_of("model/epoch");
-    const auto value = test::pattern(3000, 1);
-    auto [ec, outcome] = store(s, 3, dht::record{key, std::nullopt, value, t0 + 1h, {}});
+    const auto value = test::random_bytes(3000, 1);
+    auto [ec, outcome] = store(s, 3,
+                               dht::record{.key = key,
+                                           .subkey = std::nullopt,
+                                           .value = value,
+                                           .expiration = t0 + 1h,
+                                           .signature = {}});
     REQUIRE_FALSE(ec);
     CHECK(outcome.replicas == 5);
     for (std::size_t i = 0; i < peer_count; ++i) {
@@ -108,20 +114,28 @@ TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node
     const auto dict = bytes_of("peers");
     for (std::size_t n = 0; n < 3; ++n) {
         auto [sec, so] = store(s, 5 + n,
-                               dht::record{dict,
-                                           bytes_of("peer" + std::to_string(n)),
-                                           bytes_of("v" + std::to_string(n)),
-                                           t0 + std::chrono::minutes(10 + n),
-                                           {}});
+                               dht::record{.key = dict,
+                                           .subkey = bytes_of("peer" + std::to_string(n)),
+                                           .value = bytes_of("v" + std::to_string(n)),
+                                           .expiration = t0 + std::chrono::minutes(10 + n),
+                                           .signature = {}});
         REQUIRE_FALSE(sec);
         CHECK(so.replicas == 5);
     }
     // A later expiration replaces one subkey; an earlier one is refused.
-    auto [uec, updated] =
-        store(s, 9, dht::record{dict, bytes_of("peer1"), bytes_of("v1b"), t0 + 30min, {}});
+    auto [uec, updated] = store(s, 9,
+                                dht::record{.key = dict,
+                                            .subkey = bytes_of("peer1"),
+                                            .value = bytes_of("v1b"),
+                                            .expiration = t0 + 30min,
+                                            .signature = {}});
     REQUIRE_FALSE(uec);
-    auto [oec, old] =
-        store(s, 9, dht::record{dict, bytes_of("peer2"), bytes_of("old"), t0 + 5min, {}});
+    auto [oec, old] = store(s, 9,
+                            dht::record{.key = dict,
+                                        .subkey = bytes_of("peer2"),
+                                        .value = bytes_of("old"),
+                                        .expiration = t0 + 5min,
+                                        .signature = {}});
     CHECK(oec == errc::store_refused);
     REQUIRE(old.refusal);
     CHECK(*old.refusal == dht::store_status::outdated);
@@ -147,18 +161,31 @@ TEMPLATE_TEST_CASE("a store with an older or equal expiration is refused", "[dht
     start(s);
     const auto t0 = now(s);
     const auto key = bytes_of("lease");
-    auto [ec, first] =
-        store(s, 1, dht::record{key, std::nullopt, bytes_of("first"), t0 + 100s, {}});
+    auto [ec, first] = store(s, 1,
+                             dht::record{.key = key,
+                                         .subkey = std::nullopt,
+                                         .value = bytes_of("first"),
+                                         .expiration = t0 + 100s,
+                                         .signature = {}});
     REQUIRE_FALSE(ec);
     for (const auto expiration : {t0 + 50s, t0 + 100s}) {
-        auto [oec, outcome] =
-            store(s, 2, dht::record{key, std::nullopt, bytes_of("second"), expiration, {}});
+        auto [oec, outcome] = store(s, 2,
+                                    dht::record{.key = key,
+                                                .subkey = std::nullopt,
+                                                .value = bytes_of("second"),
+                                                .expiration = expiration,
+                                                .signature = {}});
         CHECK(oec == errc::store_refused);
         CHECK(outcome.replicas == 0);
         REQUIRE(outcome.refusal);
         CHECK(*outcome.refusal == dht::store_status::outdated);
     }
-    auto [pec, past] = store(s, 2, dht::record{key, std::nullopt, bytes_of("late"), t0 - 1s, {}});
+    auto [pec, past] = store(s, 2,
+                             dht::record{.key = key,
+                                         .subkey = std::nullopt,
+                                         .value = bytes_of("late"),
+                                         .expiration = t0 - 1s,
+                                         .signature = {}});
     CHECK(pec == errc::store_refused);
     REQUIRE(past.refusal);
     CHECK(*past.refusal == dht::store_status::expired);
@@ -182,7 +209,11 @@ TEMPLATE_TEST_CASE("exactly num_replicas copies, and storing again does not grow
     for (int k = 0; k < 10; ++k) {
         const auto key = bytes_of("replicated/" + std::to_string(k));
         auto [ec, outcome] = store(s, static_cast<std::size_t>(k),
-                                   dht::record{key, std::nullopt, bytes_of("x"), t0 + 1h, {}});
+                                   dht::record{.key = key,
+                                               .subkey = std::nullopt,
+                                               .value = bytes_of("x"),
+                                               .expiration = t0 + 1h,
+                                               .signature = {}});
         REQUIRE_FALSE(ec);
         CHECK(outcome.replicas == 5);
         CHECK(copies(s, key) == 5);
@@ -191,9 +222,18 @@ TEMPLATE_TEST_CASE("exactly num_replicas copies, and storing again does not grow
     for (int k = 0; k < 10; ++k) {
         const auto key = bytes_of("replicated/" + std::to_string(k));
         // Same expiration: refused as outdated; later expiration: replaces in place.
-        store(s, 11, dht::record{key, std::nullopt, bytes_of("x"), t0 + 1h, {}});
-        auto [ec, outcome] =
-            store(s, 12, dht::record{key, std::nullopt, bytes_of("y"), t0 + 2h, {}});
+        store(s, 11,
+              dht::record{.key = key,
+                          .subkey = std::nullopt,
+                          .value = bytes_of("x"),
+                          .expiration = t0 + 1h,
+                          .signature = {}});
+        auto [ec, outcome] = store(s, 12,
+                                   dht::record{.key = key,
+                                               .subkey = std::nullopt,
+                                               .value = bytes_of("y"),
+                                               .expiration = t0 + 2h,
+                                               .signature = {}});
         REQUIRE_FALSE(ec);
         CHECK(outcome.replicas == 5);
         CHECK(copies(s, key) == 5);
@@ -207,11 +247,22 @@ TEMPLATE_TEST_CASE("falsy keys, subkeys and values work", "[dht][node]", sim_wor
     const auto t0 = now(s);
     const byte_buffer empty;
     const byte_buffer zero{std::byte{0}};
-    auto [e1, o1] = store(s, 1, dht::record{empty, std::nullopt, empty, t0 + 1h, {}});
+    auto [e1, o1] = store(s, 1,
+                          dht::record{.key = empty,
+                                      .subkey = std::nullopt,
+                                      .value = empty,
+                                      .expiration = t0 + 1h,
+                                      .signature = {}});
     REQUIRE_FALSE(e1);
-    auto [e2, o2] = store(s, 2, dht::record{zero, empty, zero, t0 + 1h, {}});
+    auto [e2, o2] = store(
+        s, 2,
+        dht::record{
+            .key = zero, .subkey = empty, .value = zero, .expiration = t0 + 1h, .signature = {}});
     REQUIRE_FALSE(e2);
-    auto [e3, o3] = store(s, 3, dht::record{zero, zero, empty, t0 + 2h, {}});
+    auto [e3, o3] = store(
+        s, 3,
+        dht::record{
+            .key = zero, .subkey = zero, .value = empty, .expiration = t0 + 2h, .signature = {}});
     REQUIRE_FALSE(e3);
     auto [g1, plain] = get(s, 10, empty);
     REQUIRE_FALSE(g1);
@@ -234,20 +285,29 @@ TEMPLATE_TEST_CASE("a protected subkey belongs to its owner, also after the owne
         auto& m = s.add(1000 + i);
         m.dht->add_validator(std::make_shared<dht::owner_validator>(m.rpc->identity()));
     }
-    s.bootstrap(1, 5);
+    test::bootstrap(s, 1, 5);
     const auto t0 = now(s);
     auto& owner = s.members[4];
     auto& intruder = s.members[9];
     const auto key = bytes_of("progress");
     const auto subkey = bytes_of(dht::owner_marker(owner.rpc->identity().public_key()));
-    auto [ec, outcome] = store(s, 4, dht::record{key, subkey, bytes_of("mine"), t0 + 1h, {}});
+    auto [ec, outcome] = store(s, 4,
+                               dht::record{.key = key,
+                                           .subkey = subkey,
+                                           .value = bytes_of("mine"),
+                                           .expiration = t0 + 1h,
+                                           .signature = {}});
     REQUIRE_FALSE(ec);
     CHECK(outcome.replicas == 5);
 
     const auto intrude = [&] {
         // Through the API: the intruder cannot sign, so its node refuses to send.
-        auto [iec, refused] =
-            store(s, 9, dht::record{key, subkey, bytes_of("stolen"), t0 + 2h, {}});
+        auto [iec, refused] = store(s, 9,
+                                    dht::record{.key = key,
+                                                .subkey = subkey,
+                                                .value = bytes_of("stolen"),
+                                                .expiration = t0 + 2h,
+                                                .signature = {}});
         CHECK(iec == errc::store_refused);
         REQUIRE(refused.refusal);
         CHECK(*refused.refusal == dht::store_status::invalid);
@@ -258,10 +318,11 @@ TEMPLATE_TEST_CASE("a protected subkey belongs to its owner, also after the owne
         dht::store_request request{{}, {{forged, false}}};
         for (std::size_t i = 0; i < peer_count; ++i) {
             if (i == 4 || i == 9) continue;
-            auto [cec, raw] = s.template wait<std::error_code, byte_buffer>([&](auto handler) {
-                intruder.rpc->async_call(s.members[i].address(), "dht.store", dht::encode(request),
-                                         10s, handler);
-            });
+            auto [cec, raw] =
+                test::wait_for<std::error_code, byte_buffer>(s.world, [&](auto handler) {
+                    intruder.rpc->async_call(s.members[i].address(), "dht.store",
+                                             dht::encode(request), 10s, handler);
+                });
             REQUIRE_FALSE(cec);
             dht::store_response response;
             REQUIRE_FALSE(dht::decode(raw, response));
@@ -285,16 +346,19 @@ TEMPLATE_TEST_CASE("a client asks but serves nothing and stays out of routing ta
     start(s);
     auto& client = s.add(5000, true);
     const auto client_index = s.members.size() - 1;
-    auto [bec] = s.template wait<std::error_code>([&](auto handler) {
+    auto [bec] = test::wait_for<std::error_code>(s.world, [&](auto handler) {
         client.dht->async_bootstrap({s.members[0].address(), s.members[7].address()}, handler);
     });
     REQUIRE_FALSE(bec);
     CHECK(client.dht->client_mode());
     CHECK(client.dht->table().size() >= 10);
     const auto t0 = now(s);
-    auto [ec, outcome] =
-        store(s, client_index,
-              dht::record{bytes_of("from a client"), std::nullopt, bytes_of("hi"), t0 + 1h, {}});
+    auto [ec, outcome] = store(s, client_index,
+                               dht::record{.key = bytes_of("from a client"),
+                                           .subkey = std::nullopt,
+                                           .value = bytes_of("hi"),
+                                           .expiration = t0 + 1h,
+                                           .signature = {}});
     REQUIRE_FALSE(ec);
     CHECK(outcome.replicas == 5);
     CHECK(copies(s, bytes_of("from a client")) == 5);
@@ -314,8 +378,9 @@ TEMPLATE_TEST_CASE("malformed requests are refused and their sender penalised", 
     REQUIRE(victim.dht->table().find(sender.dht->id()) != nullptr);
     const auto refused_before = victim.dht->statistics().requests_refused;
     for (const auto method : {"dht.ping", "dht.store", "dht.find"}) {
-        auto [ec, raw] = s.template wait<std::error_code, byte_buffer>([&](auto handler) {
-            sender.rpc->async_call(victim.address(), method, test::pattern(40, 3), 10s, handler);
+        auto [ec, raw] = test::wait_for<std::error_code, byte_buffer>(s.world, [&](auto handler) {
+            sender.rpc->async_call(victim.address(), method, test::random_bytes(40, 3), 10s,
+                                   handler);
         });
         INFO(method);
         CHECK(ec);
@@ -324,19 +389,20 @@ TEMPLATE_TEST_CASE("malformed requests are refused and their sender penalised", 
     CHECK(victim.dht->statistics().requests_refused >= refused_before + 1);
     CHECK(victim.dht->table().find(sender.dht->id()) == nullptr);
     // The penalty used up the sender's allowance: even a valid request is refused now.
-    auto [pec, pong] = s.template wait<std::error_code, byte_buffer>([&](auto handler) {
+    auto [pec, pong] = test::wait_for<std::error_code, byte_buffer>(s.world, [&](auto handler) {
         sender.rpc->async_call(victim.address(), "dht.ping", dht::encode(dht::ping_request{}), 10s,
                                handler);
     });
     CHECK(pec == errc::rate_limited);
     // An oversized value is refused by the storing node before anything is sent.
     const auto t0 = now(s);
-    auto [sec, outcome] = store(s, 2,
-                                dht::record{bytes_of("big"),
-                                            std::nullopt,
-                                            byte_buffer(s.options.messages.max_value_size + 1),
-                                            t0 + 1h,
-                                            {}});
+    auto [sec, outcome] =
+        store(s, 2,
+              dht::record{.key = bytes_of("big"),
+                          .subkey = std::nullopt,
+                          .value = byte_buffer(s.options.messages.max_value_size + 1),
+                          .expiration = t0 + 1h,
+                          .signature = {}});
     CHECK(sec == errc::store_refused);
     REQUIRE(outcome.refusal);
     CHECK(*outcome.refusal == dht::store_status::too_large);

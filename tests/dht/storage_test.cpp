@@ -3,7 +3,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "net/test_support.hpp"
+#include "dht/records.hpp"
+#include "support/bytes.hpp"
+#include "support/time.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -28,23 +30,13 @@ using hivemesh::dht::stored_value;
 
 namespace {
 
+using hivemesh::test::at_seconds;
 using hivemesh::test::bytes_of;
-
-time_point at(std::int64_t seconds) {
-    return time_point{std::chrono::seconds(seconds)};
-}
+using hivemesh::test::item;
+using hivemesh::test::plain;
 
 std::string text(const byte_buffer& b) {
     return std::string(hivemesh::as_string_view(b));
-}
-
-record plain(std::string_view key, std::string_view value, time_point expiration) {
-    return {bytes_of(key), std::nullopt, bytes_of(value), expiration, {}};
-}
-
-record item(std::string_view key, std::string_view subkey, std::string_view value,
-            time_point expiration) {
-    return {bytes_of(key), bytes_of(subkey), bytes_of(value), expiration, {}};
 }
 
 id key_of(std::string_view key) {
@@ -65,101 +57,101 @@ std::map<std::string, std::pair<std::string, std::int64_t>> dictionary_of(const 
 
 TEST_CASE("plain value: only a strictly later expiration replaces it", "[dht][storage]") {
     storage s;
-    REQUIRE(s.store(plain("k", "a", at(10)), at(0)) == store_status::stored);
-    CHECK(s.store(plain("k", "b", at(10)), at(0)) == store_status::outdated);
-    CHECK(s.store(plain("k", "c", at(9)), at(1)) == store_status::outdated);
+    REQUIRE(s.store(plain("k", "a", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    CHECK(s.store(plain("k", "b", at_seconds(10)), at_seconds(0)) == store_status::outdated);
+    CHECK(s.store(plain("k", "c", at_seconds(9)), at_seconds(1)) == store_status::outdated);
 
-    auto entry = s.get(key_of("k"), at(1));
+    auto entry = s.get(key_of("k"), at_seconds(1));
     REQUIRE(entry);
     CHECK(text(entry->key) == "k");
     REQUIRE(entry->plain);
     CHECK(text(entry->plain->value) == "a");
-    CHECK(entry->plain->expiration == at(10));
+    CHECK(entry->plain->expiration == at_seconds(10));
     CHECK(entry->dictionary.empty());
 
-    CHECK(s.store(plain("k", "d", at(11)), at(2)) == store_status::stored);
-    entry = s.get(key_of("k"), at(2));
+    CHECK(s.store(plain("k", "d", at_seconds(11)), at_seconds(2)) == store_status::stored);
+    entry = s.get(key_of("k"), at_seconds(2));
     REQUIRE(entry);
     REQUIRE(entry->plain);
     CHECK(text(entry->plain->value) == "d");
-    CHECK(entry->plain->expiration == at(11));
+    CHECK(entry->plain->expiration == at_seconds(11));
     CHECK(s.key_count() == 1);
-    CHECK(s.contains(key_of("k"), at(2)));
-    CHECK_FALSE(s.contains(key_of("other"), at(2)));
-    CHECK_FALSE(s.get(key_of("other"), at(2)));
+    CHECK(s.contains(key_of("k"), at_seconds(2)));
+    CHECK_FALSE(s.contains(key_of("other"), at_seconds(2)));
+    CHECK_FALSE(s.get(key_of("other"), at_seconds(2)));
 }
 
 TEST_CASE("expired records are refused and expired items disappear", "[dht][storage]") {
     storage s;
-    CHECK(s.store(plain("k", "v", at(5)), at(5)) == store_status::expired);
-    CHECK(s.store(plain("k", "v", at(4)), at(5)) == store_status::expired);
-    CHECK(s.store(item("k", "s", "v", at(5)), at(5)) == store_status::expired);
+    CHECK(s.store(plain("k", "v", at_seconds(5)), at_seconds(5)) == store_status::expired);
+    CHECK(s.store(plain("k", "v", at_seconds(4)), at_seconds(5)) == store_status::expired);
+    CHECK(s.store(item("k", "s", "v", at_seconds(5)), at_seconds(5)) == store_status::expired);
     CHECK(s.key_count() == 0);
     CHECK(s.bytes_used() == 0);
 
-    REQUIRE(s.store(plain("k", "v", at(10)), at(0)) == store_status::stored);
+    REQUIRE(s.store(plain("k", "v", at_seconds(10)), at_seconds(0)) == store_status::stored);
     // Live until the expiration instant, gone at it.
-    CHECK(s.contains(key_of("k"), at(9)));
-    CHECK(s.get(key_of("k"), at(9)));
-    CHECK_FALSE(s.contains(key_of("k"), at(10)));
-    CHECK_FALSE(s.get(key_of("k"), at(10)));
+    CHECK(s.contains(key_of("k"), at_seconds(9)));
+    CHECK(s.get(key_of("k"), at_seconds(9)));
+    CHECK_FALSE(s.contains(key_of("k"), at_seconds(10)));
+    CHECK_FALSE(s.get(key_of("k"), at_seconds(10)));
     // Not purged yet, but a store at the same key sees an empty slot.
     CHECK(s.key_count() == 1);
-    CHECK(s.store(plain("k", "w", at(11)), at(10)) == store_status::stored);
-    CHECK(s.bytes_used() == storage::accounted_size(plain("k", "w", at(11))));
-    CHECK(s.remove_expired(at(10)) == 0);
-    CHECK(s.remove_expired(at(11)) == 1);
+    CHECK(s.store(plain("k", "w", at_seconds(11)), at_seconds(10)) == store_status::stored);
+    CHECK(s.bytes_used() == storage::accounted_size(plain("k", "w", at_seconds(11))));
+    CHECK(s.remove_expired(at_seconds(10)) == 0);
+    CHECK(s.remove_expired(at_seconds(11)) == 1);
     CHECK(s.key_count() == 0);
     CHECK(s.bytes_used() == 0);
 }
 
 TEST_CASE("dictionary: subkeys merge one by one with their own expiration", "[dht][storage]") {
     storage s;
-    REQUIRE(s.store(item("d", "a", "a1", at(10)), at(0)) == store_status::stored);
-    REQUIRE(s.store(item("d", "b", "b1", at(20)), at(0)) == store_status::stored);
-    REQUIRE(s.store(item("d", "c", "c1", at(15)), at(0)) == store_status::stored);
+    REQUIRE(s.store(item("d", "a", "a1", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(item("d", "b", "b1", at_seconds(20)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(item("d", "c", "c1", at_seconds(15)), at_seconds(0)) == store_status::stored);
 
-    auto entry = s.get(key_of("d"), at(0));
+    auto entry = s.get(key_of("d"), at_seconds(0));
     REQUIRE(entry);
     CHECK_FALSE(entry->plain);
     CHECK(dictionary_of(*entry) ==
           decltype(dictionary_of(*entry)){{"a", {"a1", 10}}, {"b", {"b1", 20}}, {"c", {"c1", 15}}});
-    CHECK(entry->expiration() == at(20));
+    CHECK(entry->expiration() == at_seconds(20));
 
     // Each subkey compares only with itself.
-    CHECK(s.store(item("d", "a", "a2", at(10)), at(1)) == store_status::outdated);
-    CHECK(s.store(item("d", "a", "a2", at(9)), at(1)) == store_status::outdated);
-    CHECK(s.store(item("d", "a", "a3", at(12)), at(1)) == store_status::stored);
-    CHECK(s.store(item("d", "b", "b2", at(18)), at(1)) == store_status::outdated);
+    CHECK(s.store(item("d", "a", "a2", at_seconds(10)), at_seconds(1)) == store_status::outdated);
+    CHECK(s.store(item("d", "a", "a2", at_seconds(9)), at_seconds(1)) == store_status::outdated);
+    CHECK(s.store(item("d", "a", "a3", at_seconds(12)), at_seconds(1)) == store_status::stored);
+    CHECK(s.store(item("d", "b", "b2", at_seconds(18)), at_seconds(1)) == store_status::outdated);
 
-    entry = s.get(key_of("d"), at(12));
+    entry = s.get(key_of("d"), at_seconds(12));
     REQUIRE(entry);
     CHECK(dictionary_of(*entry) ==
           decltype(dictionary_of(*entry)){{"b", {"b1", 20}}, {"c", {"c1", 15}}});
-    entry = s.get(key_of("d"), at(16));
+    entry = s.get(key_of("d"), at_seconds(16));
     REQUIRE(entry);
     CHECK(dictionary_of(*entry) == decltype(dictionary_of(*entry)){{"b", {"b1", 20}}});
-    CHECK_FALSE(s.get(key_of("d"), at(20)));
+    CHECK_FALSE(s.get(key_of("d"), at_seconds(20)));
     CHECK(s.key_count() == 1);
-    CHECK(s.remove_expired(at(20)) == 3);
+    CHECK(s.remove_expired(at_seconds(20)) == 3);
     CHECK(s.key_count() == 0);
 }
 
 TEST_CASE("kind switch: a plain value must outlive the latest subkey", "[dht][storage]") {
     storage s;
-    REQUIRE(s.store(item("k", "a", "a", at(10)), at(0)) == store_status::stored);
-    REQUIRE(s.store(item("k", "b", "b", at(20)), at(0)) == store_status::stored);
+    REQUIRE(s.store(item("k", "a", "a", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(item("k", "b", "b", at_seconds(20)), at_seconds(0)) == store_status::stored);
     // Later than subkey a, but not than b: refused.
-    CHECK(s.store(plain("k", "p", at(15)), at(0)) == store_status::outdated);
-    CHECK(s.store(plain("k", "p", at(20)), at(0)) == store_status::outdated);
-    auto entry = s.get(key_of("k"), at(0));
+    CHECK(s.store(plain("k", "p", at_seconds(15)), at_seconds(0)) == store_status::outdated);
+    CHECK(s.store(plain("k", "p", at_seconds(20)), at_seconds(0)) == store_status::outdated);
+    auto entry = s.get(key_of("k"), at_seconds(0));
     REQUIRE(entry);
     CHECK(entry->dictionary.size() == 2);
     CHECK_FALSE(entry->plain);
 
-    const record winner = plain("k", "p", at(21));
-    CHECK(s.store(winner, at(0)) == store_status::stored);
-    entry = s.get(key_of("k"), at(0));
+    const record winner = plain("k", "p", at_seconds(21));
+    CHECK(s.store(winner, at_seconds(0)) == store_status::stored);
+    entry = s.get(key_of("k"), at_seconds(0));
     REQUIRE(entry);
     REQUIRE(entry->plain);
     CHECK(text(entry->plain->value) == "p");
@@ -168,32 +160,32 @@ TEST_CASE("kind switch: a plain value must outlive the latest subkey", "[dht][st
 
     // Once b has expired only a (expired too) remains: a plain value is stored freely.
     storage t;
-    REQUIRE(t.store(item("k", "a", "a", at(10)), at(0)) == store_status::stored);
-    CHECK(t.store(plain("k", "p", at(11)), at(10)) == store_status::stored);
-    CHECK(t.bytes_used() == storage::accounted_size(plain("k", "p", at(11))));
+    REQUIRE(t.store(item("k", "a", "a", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    CHECK(t.store(plain("k", "p", at_seconds(11)), at_seconds(10)) == store_status::stored);
+    CHECK(t.bytes_used() == storage::accounted_size(plain("k", "p", at_seconds(11))));
 }
 
 TEST_CASE("kind switch: a subkey must outlive the plain value", "[dht][storage]") {
     storage s;
-    REQUIRE(s.store(plain("k", "p", at(10)), at(0)) == store_status::stored);
-    CHECK(s.store(item("k", "a", "a", at(10)), at(0)) == store_status::outdated);
-    CHECK(s.store(item("k", "a", "a", at(9)), at(0)) == store_status::outdated);
-    auto entry = s.get(key_of("k"), at(0));
+    REQUIRE(s.store(plain("k", "p", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    CHECK(s.store(item("k", "a", "a", at_seconds(10)), at_seconds(0)) == store_status::outdated);
+    CHECK(s.store(item("k", "a", "a", at_seconds(9)), at_seconds(0)) == store_status::outdated);
+    auto entry = s.get(key_of("k"), at_seconds(0));
     REQUIRE(entry);
     REQUIRE(entry->plain);
     CHECK(text(entry->plain->value) == "p");
 
-    const record winner = item("k", "a", "a", at(11));
-    CHECK(s.store(winner, at(0)) == store_status::stored);
-    entry = s.get(key_of("k"), at(0));
+    const record winner = item("k", "a", "a", at_seconds(11));
+    CHECK(s.store(winner, at_seconds(0)) == store_status::stored);
+    entry = s.get(key_of("k"), at_seconds(0));
     REQUIRE(entry);
     CHECK_FALSE(entry->plain);
     CHECK(dictionary_of(*entry) == decltype(dictionary_of(*entry)){{"a", {"a", 11}}});
     CHECK(s.bytes_used() == storage::accounted_size(winner));
 
     // Further subkeys merge with the new dictionary as usual.
-    CHECK(s.store(item("k", "b", "b", at(5)), at(0)) == store_status::stored);
-    entry = s.get(key_of("k"), at(0));
+    CHECK(s.store(item("k", "b", "b", at_seconds(5)), at_seconds(0)) == store_status::stored);
+    entry = s.get(key_of("k"), at_seconds(0));
     REQUIRE(entry);
     CHECK(dictionary_of(*entry) ==
           decltype(dictionary_of(*entry)){{"a", {"a", 11}}, {"b", {"b", 5}}});
@@ -201,26 +193,26 @@ TEST_CASE("kind switch: a subkey must outlive the plain value", "[dht][storage]"
 
 TEST_CASE("falsy keys and subkeys work: empty key, subkey and value", "[dht][storage]") {
     storage s;
-    const record empty_plain = plain("", "", at(10));
-    REQUIRE(s.store(empty_plain, at(0)) == store_status::stored);
-    auto entry = s.get(id::of_key(std::string_view{}), at(0));
+    const record empty_plain = plain("", "", at_seconds(10));
+    REQUIRE(s.store(empty_plain, at_seconds(0)) == store_status::stored);
+    auto entry = s.get(id::of_key(std::string_view{}), at_seconds(0));
     REQUIRE(entry);
     CHECK(entry->key.empty());
     REQUIRE(entry->plain);
     CHECK(entry->plain->value.empty());
     CHECK(s.bytes_used() == storage::item_overhead);
 
-    REQUIRE(s.store(item("k", "", "", at(10)), at(0)) == store_status::stored);
-    REQUIRE(s.store(item("k", "x", "0", at(10)), at(0)) == store_status::stored);
-    entry = s.get(key_of("k"), at(0));
+    REQUIRE(s.store(item("k", "", "", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(item("k", "x", "0", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    entry = s.get(key_of("k"), at_seconds(0));
     REQUIRE(entry);
     CHECK_FALSE(entry->plain);
     CHECK(dictionary_of(*entry) ==
           decltype(dictionary_of(*entry)){{"", {"", 10}}, {"x", {"0", 10}}});
     // The empty subkey is a slot like any other.
-    CHECK(s.store(item("k", "", "again", at(10)), at(0)) == store_status::outdated);
-    CHECK(s.store(item("", "", "", at(11)), at(0)) == store_status::stored);
-    entry = s.get(id::of_key(std::string_view{}), at(0));
+    CHECK(s.store(item("k", "", "again", at_seconds(10)), at_seconds(0)) == store_status::outdated);
+    CHECK(s.store(item("", "", "", at_seconds(11)), at_seconds(0)) == store_status::stored);
+    entry = s.get(id::of_key(std::string_view{}), at_seconds(0));
     REQUIRE(entry);
     CHECK_FALSE(entry->plain);
     CHECK(dictionary_of(*entry) == decltype(dictionary_of(*entry)){{"", {"", 11}}});
@@ -234,21 +226,22 @@ TEST_CASE("size limits: key, subkey, value and signature", "[dht][storage]") {
     storage s(limits);
     CHECK(s.limits().max_key_size == 4);
 
-    CHECK(s.store(plain("kkkk", "vvvvv", at(10)), at(0)) == store_status::stored);
-    CHECK(s.store(plain("kkkkk", "v", at(10)), at(0)) == store_status::too_large);
-    CHECK(s.store(plain("k", "vvvvvv", at(10)), at(0)) == store_status::too_large);
-    CHECK(s.store(item("d", "sss", "v", at(10)), at(0)) == store_status::stored);
-    CHECK(s.store(item("d", "ssss", "v", at(10)), at(0)) == store_status::too_large);
+    CHECK(s.store(plain("kkkk", "vvvvv", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    CHECK(s.store(plain("kkkkk", "v", at_seconds(10)), at_seconds(0)) == store_status::too_large);
+    CHECK(s.store(plain("k", "vvvvvv", at_seconds(10)), at_seconds(0)) == store_status::too_large);
+    CHECK(s.store(item("d", "sss", "v", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    CHECK(s.store(item("d", "ssss", "v", at_seconds(10)), at_seconds(0)) ==
+          store_status::too_large);
 
-    record signed_record = plain("s", "v", at(10));
+    record signed_record = plain("s", "v", at_seconds(10));
     signed_record.signature.assign(hivemesh::dht::max_signature_size, std::byte{1});
-    CHECK(s.store(signed_record, at(0)) == store_status::stored);
+    CHECK(s.store(signed_record, at_seconds(0)) == store_status::stored);
     signed_record.signature.push_back(std::byte{1});
-    signed_record.expiration = at(11);
-    CHECK(s.store(signed_record, at(0)) == store_status::too_large);
+    signed_record.expiration = at_seconds(11);
+    CHECK(s.store(signed_record, at_seconds(0)) == store_status::too_large);
 
     // Size is checked before expiration.
-    CHECK(s.store(plain("kkkkk", "v", at(0)), at(5)) == store_status::too_large);
+    CHECK(s.store(plain("kkkkk", "v", at_seconds(0)), at_seconds(5)) == store_status::too_large);
     CHECK(s.key_count() == 3);
 }
 
@@ -257,86 +250,91 @@ TEST_CASE("subkey count limit: new subkeys refused, replacements and expired slo
     storage_limits limits;
     limits.max_subkeys_per_key = 3;
     storage s(limits);
-    REQUIRE(s.store(item("d", "a", "v", at(10)), at(0)) == store_status::stored);
-    REQUIRE(s.store(item("d", "b", "v", at(20)), at(0)) == store_status::stored);
-    REQUIRE(s.store(item("d", "c", "v", at(20)), at(0)) == store_status::stored);
-    CHECK(s.store(item("d", "e", "v", at(20)), at(0)) == store_status::too_many_subkeys);
+    REQUIRE(s.store(item("d", "a", "v", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(item("d", "b", "v", at_seconds(20)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(item("d", "c", "v", at_seconds(20)), at_seconds(0)) == store_status::stored);
+    CHECK(s.store(item("d", "e", "v", at_seconds(20)), at_seconds(0)) ==
+          store_status::too_many_subkeys);
     // Replacing an existing subkey is fine.
-    CHECK(s.store(item("d", "a", "w", at(11)), at(0)) == store_status::stored);
+    CHECK(s.store(item("d", "a", "w", at_seconds(11)), at_seconds(0)) == store_status::stored);
     // An outdated replacement is outdated, not too many.
-    CHECK(s.store(item("d", "b", "w", at(20)), at(0)) == store_status::outdated);
+    CHECK(s.store(item("d", "b", "w", at_seconds(20)), at_seconds(0)) == store_status::outdated);
     // Another key has its own count.
-    CHECK(s.store(item("e", "e", "v", at(20)), at(0)) == store_status::stored);
+    CHECK(s.store(item("e", "e", "v", at_seconds(20)), at_seconds(0)) == store_status::stored);
     // Once a expires, its slot frees up.
-    CHECK(s.store(item("d", "e", "v", at(20)), at(11)) == store_status::stored);
-    auto entry = s.get(key_of("d"), at(11));
+    CHECK(s.store(item("d", "e", "v", at_seconds(20)), at_seconds(11)) == store_status::stored);
+    auto entry = s.get(key_of("d"), at_seconds(11));
     REQUIRE(entry);
     CHECK(dictionary_of(*entry) ==
           decltype(dictionary_of(*entry)){{"b", {"v", 20}}, {"c", {"v", 20}}, {"e", {"v", 20}}});
     // A plain value that outlives the dictionary still replaces it.
-    CHECK(s.store(plain("d", "p", at(21)), at(11)) == store_status::stored);
+    CHECK(s.store(plain("d", "p", at_seconds(21)), at_seconds(11)) == store_status::stored);
 
     limits.max_subkeys_per_key = 0;
     storage none(limits);
-    CHECK(none.store(item("d", "a", "v", at(10)), at(0)) == store_status::too_many_subkeys);
-    CHECK(none.store(plain("d", "v", at(10)), at(0)) == store_status::stored);
-    CHECK(none.store(item("d", "a", "v", at(11)), at(0)) == store_status::too_many_subkeys);
+    CHECK(none.store(item("d", "a", "v", at_seconds(10)), at_seconds(0)) ==
+          store_status::too_many_subkeys);
+    CHECK(none.store(plain("d", "v", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    CHECK(none.store(item("d", "a", "v", at_seconds(11)), at_seconds(0)) ==
+          store_status::too_many_subkeys);
 }
 
 TEST_CASE("total bytes limit: refuse when full, after purging expired items", "[dht][storage]") {
     const std::string value(100, 'x');
     const std::size_t item_bytes = 2 + value.size() + storage::item_overhead;
-    REQUIRE(storage::accounted_size(plain("k1", value, at(10))) == item_bytes);
-    REQUIRE(storage::accounted_size(item("k1", "s", value, at(10))) == item_bytes + 1);
+    REQUIRE(storage::accounted_size(plain("k1", value, at_seconds(10))) == item_bytes);
+    REQUIRE(storage::accounted_size(item("k1", "s", value, at_seconds(10))) == item_bytes + 1);
 
     storage_limits limits;
     limits.max_total_bytes = 3 * item_bytes;
     storage s(limits);
-    REQUIRE(s.store(plain("k1", value, at(100)), at(0)) == store_status::stored);
-    REQUIRE(s.store(plain("k2", value, at(10)), at(0)) == store_status::stored);
-    REQUIRE(s.store(plain("k3", value, at(100)), at(0)) == store_status::stored);
+    REQUIRE(s.store(plain("k1", value, at_seconds(100)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(plain("k2", value, at_seconds(10)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(plain("k3", value, at_seconds(100)), at_seconds(0)) == store_status::stored);
     CHECK(s.bytes_used() == 3 * item_bytes);
-    CHECK(s.store(plain("k4", value, at(100)), at(0)) == store_status::storage_full);
-    CHECK(s.store(item("k1", "s", "", at(100)), at(0)) == store_status::outdated);
+    CHECK(s.store(plain("k4", value, at_seconds(100)), at_seconds(0)) ==
+          store_status::storage_full);
+    CHECK(s.store(item("k1", "s", "", at_seconds(100)), at_seconds(0)) == store_status::outdated);
     CHECK(s.bytes_used() == 3 * item_bytes);
 
     // Replacing with an item of the same size fits, a larger one does not, a smaller one does.
-    CHECK(s.store(plain("k1", value, at(101)), at(0)) == store_status::stored);
-    CHECK(s.store(plain("k1", value + "y", at(102)), at(0)) == store_status::storage_full);
-    CHECK(s.store(plain("k1", "small", at(102)), at(0)) == store_status::stored);
+    CHECK(s.store(plain("k1", value, at_seconds(101)), at_seconds(0)) == store_status::stored);
+    CHECK(s.store(plain("k1", value + "y", at_seconds(102)), at_seconds(0)) ==
+          store_status::storage_full);
+    CHECK(s.store(plain("k1", "small", at_seconds(102)), at_seconds(0)) == store_status::stored);
     CHECK(s.bytes_used() == 2 * item_bytes + 2 + 5 + storage::item_overhead);
-    CHECK(s.store(plain("k1", value, at(103)), at(0)) == store_status::stored);
+    CHECK(s.store(plain("k1", value, at_seconds(103)), at_seconds(0)) == store_status::stored);
     CHECK(s.bytes_used() == 3 * item_bytes);
 
     // k2 expired at 10: the store purges it and fits.
-    CHECK(s.store(plain("k4", value, at(100)), at(10)) == store_status::stored);
+    CHECK(s.store(plain("k4", value, at_seconds(100)), at_seconds(10)) == store_status::stored);
     CHECK(s.bytes_used() == 3 * item_bytes);
     CHECK(s.key_count() == 3);
-    CHECK_FALSE(s.get(key_of("k2"), at(0)));
+    CHECK_FALSE(s.get(key_of("k2"), at_seconds(0)));
 
     // An item larger than the whole storage never fits.
     storage_limits tiny;
     tiny.max_total_bytes = storage::item_overhead;
     storage t(tiny);
-    CHECK(t.store(plain("", "", at(10)), at(0)) == store_status::stored);
-    CHECK(t.store(plain("k", "", at(10)), at(0)) == store_status::storage_full);
+    CHECK(t.store(plain("", "", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    CHECK(t.store(plain("k", "", at_seconds(10)), at_seconds(0)) == store_status::storage_full);
     CHECK(t.bytes_used() == storage::item_overhead);
 }
 
 TEST_CASE("re-storing the same value does not grow storage", "[dht][storage]") {
     storage s;
-    const record p = plain("key", "value", at(10));
-    const record d = item("dict", "subkey", "value", at(10));
-    REQUIRE(s.store(p, at(0)) == store_status::stored);
-    REQUIRE(s.store(d, at(0)) == store_status::stored);
+    const record p = plain("key", "value", at_seconds(10));
+    const record d = item("dict", "subkey", "value", at_seconds(10));
+    REQUIRE(s.store(p, at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(d, at_seconds(0)) == store_status::stored);
     const std::size_t expected = storage::accounted_size(p) + storage::accounted_size(d);
     CHECK(s.bytes_used() == expected);
     for (std::int64_t t = 11; t < 111; ++t) {
         record p2 = p, d2 = d;
-        p2.expiration = d2.expiration = at(t);
-        REQUIRE(s.store(p2, at(0)) == store_status::stored);
-        REQUIRE(s.store(d2, at(0)) == store_status::stored);
-        REQUIRE(s.store(p2, at(0)) == store_status::outdated);
+        p2.expiration = d2.expiration = at_seconds(t);
+        REQUIRE(s.store(p2, at_seconds(0)) == store_status::stored);
+        REQUIRE(s.store(d2, at_seconds(0)) == store_status::stored);
+        REQUIRE(s.store(p2, at_seconds(0)) == store_status::outdated);
         REQUIRE(s.bytes_used() == expected);
     }
     CHECK(s.key_count() == 2);
@@ -344,40 +342,40 @@ TEST_CASE("re-storing the same value does not grow storage", "[dht][storage]") {
 
 TEST_CASE("remove_expired counts items, and erase removes a key", "[dht][storage]") {
     storage s;
-    REQUIRE(s.store(plain("p", "v", at(10)), at(0)) == store_status::stored);
-    REQUIRE(s.store(item("d", "a", "v", at(5)), at(0)) == store_status::stored);
-    const record b = item("d", "b", "v", at(15));
-    REQUIRE(s.store(b, at(0)) == store_status::stored);
-    CHECK(s.remove_expired(at(4)) == 0);
-    CHECK(s.remove_expired(at(5)) == 1);
+    REQUIRE(s.store(plain("p", "v", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(item("d", "a", "v", at_seconds(5)), at_seconds(0)) == store_status::stored);
+    const record b = item("d", "b", "v", at_seconds(15));
+    REQUIRE(s.store(b, at_seconds(0)) == store_status::stored);
+    CHECK(s.remove_expired(at_seconds(4)) == 0);
+    CHECK(s.remove_expired(at_seconds(5)) == 1);
     CHECK(s.key_count() == 2);
-    CHECK(s.remove_expired(at(5)) == 0);
-    CHECK(s.remove_expired(at(10)) == 1);
+    CHECK(s.remove_expired(at_seconds(5)) == 0);
+    CHECK(s.remove_expired(at_seconds(10)) == 1);
     CHECK(s.key_count() == 1);
     CHECK(s.bytes_used() == storage::accounted_size(b));
     CHECK(s.erase(key_of("d")));
     CHECK_FALSE(s.erase(key_of("d")));
     CHECK(s.key_count() == 0);
     CHECK(s.bytes_used() == 0);
-    CHECK(s.remove_expired(at(100)) == 0);
+    CHECK(s.remove_expired(at_seconds(100)) == 0);
     // Erase also takes expired items with it, and the storage keeps working afterwards.
-    REQUIRE(s.store(plain("p", "v", at(20)), at(0)) == store_status::stored);
+    REQUIRE(s.store(plain("p", "v", at_seconds(20)), at_seconds(0)) == store_status::stored);
     CHECK(s.erase(key_of("p")));
-    CHECK(s.store(plain("p", "v", at(20)), at(0)) == store_status::stored);
-    CHECK(s.remove_expired(at(20)) == 1);
+    CHECK(s.store(plain("p", "v", at_seconds(20)), at_seconds(0)) == store_status::stored);
+    CHECK(s.remove_expired(at_seconds(20)) == 1);
     CHECK(s.bytes_used() == 0);
 }
 
 TEST_CASE("for_each visits live keys with their live items only", "[dht][storage]") {
     storage s;
-    REQUIRE(s.store(plain("gone", "v", at(10)), at(0)) == store_status::stored);
-    REQUIRE(s.store(plain("p", "pv", at(30)), at(0)) == store_status::stored);
-    REQUIRE(s.store(item("d", "a", "av", at(10)), at(0)) == store_status::stored);
-    REQUIRE(s.store(item("d", "b", "bv", at(30)), at(0)) == store_status::stored);
-    REQUIRE(s.store(item("d2", "a", "av", at(10)), at(0)) == store_status::stored);
+    REQUIRE(s.store(plain("gone", "v", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(plain("p", "pv", at_seconds(30)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(item("d", "a", "av", at_seconds(10)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(item("d", "b", "bv", at_seconds(30)), at_seconds(0)) == store_status::stored);
+    REQUIRE(s.store(item("d2", "a", "av", at_seconds(10)), at_seconds(0)) == store_status::stored);
 
     std::map<id, key_entry> seen;
-    s.for_each(at(20), [&](const id& key, const key_entry& entry) {
+    s.for_each(at_seconds(20), [&](const id& key, const key_entry& entry) {
         CHECK(seen.emplace(key, entry).second);
     });
     REQUIRE(seen.size() == 2);
@@ -394,9 +392,9 @@ TEST_CASE("for_each visits live keys with their live items only", "[dht][storage
     // The visit changes nothing.
     CHECK(s.key_count() == 4);
     std::size_t visits = 0;
-    s.for_each(at(0), [&](const id&, const key_entry&) { ++visits; });
+    s.for_each(at_seconds(0), [&](const id&, const key_entry&) { ++visits; });
     CHECK(visits == 4);
-    s.for_each(at(30), [&](const id&, const key_entry&) { ++visits; });
+    s.for_each(at_seconds(30), [&](const id&, const key_entry&) { ++visits; });
     CHECK(visits == 4);
 }
 
@@ -500,12 +498,12 @@ TEST_CASE("random operations match a reference model", "[dht][storage]") {
         const std::string value(rng.uniform(3), static_cast<char>('a' + rng.uniform(26)));
         const std::int64_t expiration = now - 2 + static_cast<std::int64_t>(rng.uniform(20));
 
-        record r{bytes_of(key), std::nullopt, bytes_of(value), at(expiration), {}};
+        record r{bytes_of(key), std::nullopt, bytes_of(value), at_seconds(expiration), {}};
         if (subkey) r.subkey = bytes_of(*subkey);
         const store_status expected = m.store(key, subkey, value, expiration, now);
         INFO("step " << step << " key '" << key << "' subkey " << (subkey ? *subkey : "-")
                      << " expiration " << expiration << " now " << now);
-        REQUIRE(to_string(s.store(r, at(now))) == to_string(expected));
+        REQUIRE(to_string(s.store(r, at_seconds(now))) == to_string(expected));
         ++outcomes[expected];
 
         if (step % 7 == 0) {
@@ -521,8 +519,8 @@ TEST_CASE("random operations match a reference model", "[dht][storage]") {
                             v.value + "@" + std::to_string(v.expiration);
             }
             for (const auto& k : keys) {
-                const auto entry = s.get(key_of(k), at(now));
-                CHECK(static_cast<bool>(entry) == s.contains(key_of(k), at(now)));
+                const auto entry = s.get(key_of(k), at_seconds(now));
+                CHECK(static_cast<bool>(entry) == s.contains(key_of(k), at_seconds(now)));
                 if (!entry) continue;
                 const auto seconds = [](time_point t) {
                     return std::to_string(
@@ -540,7 +538,7 @@ TEST_CASE("random operations match a reference model", "[dht][storage]") {
         }
         if (step % 97 == 0) {
             m.purge(now);
-            s.remove_expired(at(now));
+            s.remove_expired(at_seconds(now));
             REQUIRE(s.bytes_used() == m.bytes());
             REQUIRE(s.key_count() == m.entries.size());
         }

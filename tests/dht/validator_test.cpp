@@ -3,7 +3,10 @@
 
 #include <catch2/catch.hpp>
 
-#include "net/test_support.hpp"
+#include "dht/records.hpp"
+#include "support/bytes.hpp"
+#include "support/identities.hpp"
+#include "support/time.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -31,24 +34,11 @@ using hivemesh::dht::validator_chain;
 
 namespace {
 
+using hivemesh::test::at_seconds;
 using hivemesh::test::bytes_of;
-
-time_point at(std::int64_t seconds) {
-    return time_point{std::chrono::seconds(seconds)};
-}
-
-identity identity_of(std::uint8_t fill) {
-    const byte_buffer seed(32, std::byte{fill});
-    return identity::from_seed(seed);
-}
-
-record plain(std::string key, std::string value, time_point expiration) {
-    return {bytes_of(key), std::nullopt, bytes_of(value), expiration, {}};
-}
-
-record item(std::string key, std::string subkey, std::string value, time_point expiration) {
-    return {bytes_of(key), bytes_of(subkey), bytes_of(value), expiration, {}};
-}
+using hivemesh::test::identity_of;
+using hivemesh::test::item;
+using hivemesh::test::plain;
 
 std::error_code code(errc e) {
     return make_error_code(e);
@@ -87,11 +77,17 @@ TEST_CASE("signing payload: exact, delimited encoding", "[dht][validator]") {
     CHECK(signing_payload(r) == with_subkey);
 
     // Field boundaries matter: none of these share a payload.
-    const time_point t = at(5);
+    const time_point t = at_seconds(5);
     const std::vector<record> distinct = {
-        plain("ab", "c", t),     plain("a", "bc", t),    item("a", "b", "c", t),
-        item("ab", "", "c", t),  item("a", "", "bc", t), item("", "ab", "c", t),
-        plain("ab", "c", at(6)), plain("", "", t),       item("", "", "", t),
+        plain("ab", "c", t),
+        plain("a", "bc", t),
+        item("a", "b", "c", t),
+        item("ab", "", "c", t),
+        item("a", "", "bc", t),
+        item("", "ab", "c", t),
+        plain("ab", "c", at_seconds(6)),
+        plain("", "", t),
+        item("", "", "", t),
     };
     for (std::size_t i = 0; i < distinct.size(); ++i)
         for (std::size_t j = i + 1; j < distinct.size(); ++j)
@@ -109,38 +105,37 @@ TEST_CASE("owner markers: format and parsing", "[dht][validator]") {
     const identity bob = identity_of(2);
     const std::string a = owner_marker(alice.public_key());
     const std::string b = owner_marker(bob.public_key());
-    CHECK(a ==
-          "[owner:" + hivemesh::crypto::detail::base58_encode(alice.public_key().view()) + "]");
+    CHECK(a == "[owner:" + hivemesh::crypto::base58_encode(alice.public_key().view()) + "]");
 
     std::error_code ec = code(errc::corrupt_data);
-    CHECK_FALSE(record_owner(plain("plain key", "v", at(1)), ec));
+    CHECK_FALSE(record_owner(plain("plain key", "v", at_seconds(1)), ec));
     CHECK_FALSE(ec);
-    CHECK_FALSE(record_owner(item("key", "sub", "v", at(1)), ec));
+    CHECK_FALSE(record_owner(item("key", "sub", "v", at_seconds(1)), ec));
     CHECK_FALSE(ec);
     // "owner" without the bracket form is no marker.
-    CHECK_FALSE(record_owner(plain("owner:x] [owner", "v", at(1)), ec));
+    CHECK_FALSE(record_owner(plain("owner:x] [owner", "v", at_seconds(1)), ec));
     CHECK_FALSE(ec);
 
     const auto owner_of = [&](const record& r) {
         auto owner = record_owner(r, ec);
         return owner;
     };
-    CHECK(owner_of(plain("x" + a + "y", "v", at(1))) == alice.public_key());
+    CHECK(owner_of(plain("x" + a + "y", "v", at_seconds(1))) == alice.public_key());
     CHECK_FALSE(ec);
-    CHECK(owner_of(item("key", a, "v", at(1))) == alice.public_key());
-    CHECK(owner_of(item(a, "sub" + a, "v", at(1))) == alice.public_key());
-    CHECK(owner_of(plain(a + a, "v", at(1))) == alice.public_key());
+    CHECK(owner_of(item("key", a, "v", at_seconds(1))) == alice.public_key());
+    CHECK(owner_of(item(a, "sub" + a, "v", at_seconds(1))) == alice.public_key());
+    CHECK(owner_of(plain(a + a, "v", at_seconds(1))) == alice.public_key());
     CHECK_FALSE(ec);
     // A marker in the value protects nothing.
-    CHECK_FALSE(owner_of(plain("key", a, at(1))));
+    CHECK_FALSE(owner_of(plain("key", a, at_seconds(1))));
     CHECK_FALSE(ec);
 
     // Conflicting markers, anywhere in key and subkey.
-    CHECK_FALSE(owner_of(plain(a + b, "v", at(1))));
+    CHECK_FALSE(owner_of(plain(a + b, "v", at_seconds(1))));
     CHECK(ec == code(errc::invalid_argument));
-    CHECK_FALSE(owner_of(item(a, b, "v", at(1))));
+    CHECK_FALSE(owner_of(item(a, b, "v", at_seconds(1))));
     CHECK(ec == code(errc::invalid_argument));
-    CHECK_FALSE(owner_of(item("k", a + "," + b, "v", at(1))));
+    CHECK_FALSE(owner_of(item("k", a + "," + b, "v", at_seconds(1))));
     CHECK(ec == code(errc::invalid_argument));
 
     // Malformed markers make the record invalid rather than unprotected.
@@ -150,20 +145,20 @@ TEST_CASE("owner markers: format and parsing", "[dht][validator]") {
           "[owner:1" + a.substr(7), // non-canonical leading '1'
           "[owner:" + a}) {
         INFO(key);
-        CHECK_FALSE(owner_of(plain(key, "v", at(1))));
+        CHECK_FALSE(owner_of(plain(key, "v", at_seconds(1))));
         CHECK(ec == code(errc::invalid_argument));
     }
 }
 
 TEST_CASE("owner validator: unprotected records carry no signature", "[dht][validator]") {
     const owner_validator v(identity_of(1));
-    record r = item("key", "sub", "value", at(10));
+    record r = item("key", "sub", "value", at_seconds(10));
     CHECK_FALSE(v.validate(r));
     v.sign(r); // unprotected: nothing to sign
     CHECK(r.signature.empty());
     r.signature = byte_buffer(64, std::byte{7});
     CHECK(v.validate(r) == code(errc::bad_signature));
-    CHECK(v.validate(plain("", "", at(1))) == std::error_code{});
+    CHECK(v.validate(plain("", "", at_seconds(1))) == std::error_code{});
 }
 
 TEST_CASE("owner validator: a signed protected record is accepted, any change refused",
@@ -176,8 +171,8 @@ TEST_CASE("owner validator: a signed protected record is accepted, any change re
 
     for (const bool with_subkey : {false, true}) {
         INFO("with subkey " << with_subkey);
-        record r = with_subkey ? item("key" + mine.marker(), "sub", "value", at(10))
-                               : plain("key" + mine.marker(), "value", at(10));
+        record r = with_subkey ? item("key" + mine.marker(), "sub", "value", at_seconds(10))
+                               : plain("key" + mine.marker(), "value", at_seconds(10));
         CHECK(mine.validate(r) == code(errc::bad_signature)); // not signed yet
         mine.sign(r);
         const auto expected = alice.sign(signing_payload(r));
@@ -224,12 +219,12 @@ TEST_CASE("owner validator: another identity cannot write a protected subkey", "
     const owner_validator bob_v(bob);
 
     // A shared dictionary where each subkey belongs to its writer.
-    record by_alice = item("peers", alice_v.marker(), "alice's address", at(10));
+    record by_alice = item("peers", alice_v.marker(), "alice's address", at_seconds(10));
     alice_v.sign(by_alice);
     CHECK_FALSE(bob_v.validate(by_alice));
 
     // Bob cannot sign it: his sign() leaves the record alone...
-    record by_bob = item("peers", alice_v.marker(), "bob's lie", at(11));
+    record by_bob = item("peers", alice_v.marker(), "bob's lie", at_seconds(11));
     bob_v.sign(by_bob);
     CHECK(by_bob.signature.empty());
     CHECK(alice_v.validate(by_bob) == code(errc::bad_signature));
@@ -240,7 +235,7 @@ TEST_CASE("owner validator: another identity cannot write a protected subkey", "
     CHECK(bob_v.validate(by_bob) == code(errc::bad_signature));
     // Nor does replaying Alice's signature with a later expiration.
     record replayed = by_alice;
-    replayed.expiration = at(11);
+    replayed.expiration = at_seconds(11);
     CHECK(bob_v.validate(replayed) == code(errc::bad_signature));
     // Bob's sign() keeps a signature that is already there.
     record kept = by_alice;
@@ -248,15 +243,16 @@ TEST_CASE("owner validator: another identity cannot write a protected subkey", "
     CHECK(kept.signature == by_alice.signature);
 
     // Bob writes his own subkey of the same key.
-    record own = item("peers", bob_v.marker(), "bob's address", at(10));
+    record own = item("peers", bob_v.marker(), "bob's address", at_seconds(10));
     bob_v.sign(own);
     CHECK_FALSE(alice_v.validate(own));
 
     // Through storage: only validated records reach store().
     hivemesh::dht::storage s;
     for (const record* r : {&by_alice, &by_bob, &own})
-        if (!alice_v.validate(*r)) CHECK(s.store(*r, at(0)) == hivemesh::dht::store_status::stored);
-    const auto entry = s.get(hivemesh::dht::id::of_key(std::string_view("peers")), at(0));
+        if (!alice_v.validate(*r))
+            CHECK(s.store(*r, at_seconds(0)) == hivemesh::dht::store_status::stored);
+    const auto entry = s.get(hivemesh::dht::id::of_key(std::string_view("peers")), at_seconds(0));
     REQUIRE(entry);
     REQUIRE(entry->dictionary.size() == 2);
     CHECK(entry->dictionary.at(bytes_of(alice_v.marker())).value == bytes_of("alice's address"));
@@ -266,7 +262,7 @@ TEST_CASE("owner validator: another identity cannot write a protected subkey", "
 TEST_CASE("owner validator: conflicting markers are refused", "[dht][validator]") {
     const owner_validator alice_v(identity_of(1));
     const owner_validator bob_v(identity_of(2));
-    record r = item(alice_v.marker(), bob_v.marker(), "v", at(10));
+    record r = item(alice_v.marker(), bob_v.marker(), "v", at_seconds(10));
     alice_v.sign(r);
     CHECK(r.signature.empty());
     CHECK(alice_v.validate(r) == code(errc::invalid_argument));
@@ -275,9 +271,10 @@ TEST_CASE("owner validator: conflicting markers are refused", "[dht][validator]"
     const auto sig = alice.sign(signing_payload(r));
     r.signature.assign(sig.view().begin(), sig.view().end());
     CHECK(bob_v.validate(r) == code(errc::invalid_argument));
-    CHECK(alice_v.validate(plain(alice_v.marker() + bob_v.marker(), "v", at(10))) ==
+    CHECK(alice_v.validate(plain(alice_v.marker() + bob_v.marker(), "v", at_seconds(10))) ==
           code(errc::invalid_argument));
-    CHECK(alice_v.validate(plain("[owner:nonsense]", "v", at(10))) == code(errc::invalid_argument));
+    CHECK(alice_v.validate(plain("[owner:nonsense]", "v", at_seconds(10))) ==
+          code(errc::invalid_argument));
 }
 
 TEST_CASE("owner validator keeps its own copy of the identity", "[dht][validator]") {
@@ -288,7 +285,7 @@ TEST_CASE("owner validator keeps its own copy of the identity", "[dht][validator
         key = temporary.public_key();
         v.emplace(temporary);
     }
-    record r = plain("x" + owner_marker(key), "v", at(10));
+    record r = plain("x" + owner_marker(key), "v", at_seconds(10));
     v->sign(r);
     CHECK_FALSE(v->validate(r));
     identity moved_from = identity_of(4);
@@ -306,21 +303,22 @@ TEST_CASE("schema validator: hook runs on keys under its prefix", "[dht][validat
         },
         bytes_of("typed/"));
     CHECK(v.key_prefix() == bytes_of("typed/"));
-    CHECK(v.validate(plain("typed/x", "", at(1))) == code(errc::corrupt_data));
-    CHECK_FALSE(v.validate(plain("typed/x", "1", at(1))));
-    CHECK_FALSE(v.validate(item("typed/", "s", "1", at(1))));
+    CHECK(v.validate(plain("typed/x", "", at_seconds(1))) == code(errc::corrupt_data));
+    CHECK_FALSE(v.validate(plain("typed/x", "1", at_seconds(1))));
+    CHECK_FALSE(v.validate(item("typed/", "s", "1", at_seconds(1))));
     CHECK(calls == 3);
-    CHECK_FALSE(v.validate(plain("other/x", "", at(1))));
-    CHECK_FALSE(v.validate(plain("typed", "", at(1))));
-    CHECK_FALSE(v.validate(plain("", "", at(1))));
+    CHECK_FALSE(v.validate(plain("other/x", "", at_seconds(1))));
+    CHECK_FALSE(v.validate(plain("typed", "", at_seconds(1))));
+    CHECK_FALSE(v.validate(plain("", "", at_seconds(1))));
     CHECK(calls == 3);
 
     const schema_validator everything([](const record&) { return code(errc::invalid_argument); });
-    CHECK(everything.validate(plain("", "", at(1))) == code(errc::invalid_argument));
-    CHECK(everything.validate(plain("anything", "v", at(1))) == code(errc::invalid_argument));
-    record r = plain("k", "v", at(1));
+    CHECK(everything.validate(plain("", "", at_seconds(1))) == code(errc::invalid_argument));
+    CHECK(everything.validate(plain("anything", "v", at_seconds(1))) ==
+          code(errc::invalid_argument));
+    record r = plain("k", "v", at_seconds(1));
     everything.sign(r); // the default sign() does nothing
-    CHECK(r == plain("k", "v", at(1)));
+    CHECK(r == plain("k", "v", at_seconds(1)));
 
     CHECK_THROWS_AS(schema_validator(nullptr), std::system_error);
 }
@@ -328,7 +326,7 @@ TEST_CASE("schema validator: hook runs on keys under its prefix", "[dht][validat
 TEST_CASE("validator chain: first error wins, signing runs every validator", "[dht][validator]") {
     validator_chain empty;
     CHECK(empty.empty());
-    record garbage = plain("[owner:nonsense]", "", at(1));
+    record garbage = plain("[owner:nonsense]", "", at_seconds(1));
     garbage.signature = bytes_of("not a signature");
     CHECK_FALSE(empty.validate(garbage));
     record untouched = garbage;
@@ -352,7 +350,7 @@ TEST_CASE("validator chain: first error wins, signing runs every validator", "[d
     CHECK(chain.size() == 3);
     CHECK_FALSE(chain.empty());
 
-    record r = plain("ok" + owner_marker(alice.public_key()), "good", at(10));
+    record r = plain("ok" + owner_marker(alice.public_key()), "good", at_seconds(10));
     CHECK(chain.validate(r) == code(errc::bad_signature));
     CHECK(order == std::vector<std::string>{"schema"});
     chain.sign(r);
@@ -360,7 +358,7 @@ TEST_CASE("validator chain: first error wins, signing runs every validator", "[d
     CHECK_FALSE(chain.validate(r));
 
     order.clear();
-    record bad = plain("fail/" + owner_marker(alice.public_key()), "bad", at(10));
+    record bad = plain("fail/" + owner_marker(alice.public_key()), "bad", at_seconds(10));
     chain.sign(bad);
     CHECK(chain.validate(bad) == code(errc::corrupt_data));
     CHECK(order == std::vector<std::string>{"schema"});

@@ -1,7 +1,7 @@
 // libFuzzer target: the state-sharing decoders (request, header, chunk, donor record) on
 // arbitrary input. Every input decodes or is refused; whatever decodes re-encodes to exactly
 // the input bytes. Small limits keep the fuzzer near the boundaries.
-#include <hivemesh/averaging/state_sharing.hpp>
+#include <hivemesh/averaging/state_wire.hpp>
 
 #include <algorithm>
 #include <cstdint>

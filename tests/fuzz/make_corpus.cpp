@@ -238,7 +238,7 @@ void write_state_corpus(const std::filesystem::path& dir) {
     const std::vector<std::vector<std::size_t>> layouts = {{}, {0}, {3}, {5, 0, 2, 9}, {70, 1}};
     std::size_t n = 0;
     for (const auto& sizes : layouts) {
-        state s;
+        state_snapshot s;
         s.metadata = text_bytes(n % 2 ? "epoch=7" : "");
         for (const auto size : sizes) {
             std::vector<float> t(size);

@@ -24,7 +24,8 @@
 // Ports come from the kernel (port 0) and travel in HELLO, so runs never collide.
 // HIVEMESH_FAULTS_TIME_SCALE (default 1) stretches every timeout and delay, for slow machines.
 #define CATCH_CONFIG_RUNNER
-#include "net/test_support.hpp"
+#include "support/faults.hpp"
+#include "support/identities.hpp"
 
 #include <hivemesh/averaging/allreduce.hpp>
 #include <hivemesh/core/random.hpp>
@@ -82,34 +83,6 @@ constexpr std::size_t elements = 5000;
 constexpr std::size_t span_elements = 1250; // each node's span
 constexpr std::size_t part_bytes = 1000;    // 250 floats: five parts a span
 constexpr std::size_t part_elements = part_bytes / sizeof(float);
-
-enum class fault { fail_before, fail_sending, slow_sending, fail_reducing, slow_reducing, cancel };
-constexpr fault all_faults[] = {fault::fail_before,   fault::fail_sending,  fault::slow_sending,
-                                fault::fail_reducing, fault::slow_reducing, fault::cancel};
-
-const char* name(fault f) {
-    switch (f) {
-    case fault::fail_before:
-        return "fail_before";
-    case fault::fail_sending:
-        return "fail_sending";
-    case fault::slow_sending:
-        return "slow_sending";
-    case fault::fail_reducing:
-        return "fail_reducing";
-    case fault::slow_reducing:
-        return "slow_reducing";
-    case fault::cancel:
-        return "cancel";
-    }
-    return "?";
-}
-
-std::optional<fault> fault_named(std::string_view text) {
-    for (const auto f : all_faults)
-        if (text == name(f)) return f;
-    return std::nullopt;
-}
 
 /// The victim dies, so it has no report to check.
 bool kills_victim(fault f) {
@@ -689,9 +662,10 @@ void run_case(std::size_t case_index, fault kind, std::size_t victim, const timi
     // Destroyed before any other way out of this function: no child outlives it.
     std::deque<child_process> children;
     for (std::size_t i = 0; i < group_size; ++i)
-        children.emplace_back(std::vector<std::string>{
-            self, "--child", std::to_string(::getpid()), std::to_string(case_index),
-            std::to_string(i), name(kind), std::to_string(victim), std::to_string(times.scale)});
+        children.emplace_back(
+            std::vector<std::string>{self, "--child", std::to_string(::getpid()),
+                                     std::to_string(case_index), std::to_string(i), to_string(kind),
+                                     std::to_string(victim), std::to_string(times.scale)});
 
     // Start-up under ASan on a loaded machine can take seconds.
     const auto setup_deadline = steady::now() + times.of(60s);
@@ -753,7 +727,7 @@ void run_case(std::size_t case_index, fault kind, std::size_t victim, const timi
     }
 
     std::ostringstream peer_lines; // how each ended, for the log, before any check stops us
-    peer_lines << "allreduce_faults: " << name(kind) << ", victim " << victim;
+    peer_lines << "allreduce_faults: " << to_string(kind) << ", victim " << victim;
     for (std::size_t i = 0; i < group_size; ++i) {
         peer_lines << "\n  peer " << i << ": ";
         if (!reports[i]) {
@@ -837,7 +811,7 @@ TEST_CASE("allreduce faults over TCP processes (5 peers, one a client): healthy 
         for (const std::size_t victim : {std::size_t{1}, client}) {
             ++case_index;
             if (reducing_fault && victim == client) continue; // a client reduces nothing
-            DYNAMIC_SECTION(name(kind) << ", victim " << victim) {
+            DYNAMIC_SECTION(to_string(kind) << ", victim " << victim) {
                 const auto started = steady::now();
                 run_case(case_index, kind, victim, times);
                 std::cerr << "  (" << seconds(steady::now() - started)

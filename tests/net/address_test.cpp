@@ -4,7 +4,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "net/test_support.hpp"
+#include "support/bytes.hpp"
 
 #include <compare>
 #include <cstdint>

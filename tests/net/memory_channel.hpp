@@ -21,9 +21,9 @@ class memory_channel final : public net::detail::record_channel {
 public:
     struct shared_state {
         explicit shared_state(const asio::any_io_executor& ex)
-            : wake{net::detail::wakeup(ex), net::detail::wakeup(ex)} {}
+            : wake{wakeup(ex), wakeup(ex)} {}
         std::deque<byte_buffer> queues[2]; ///< records waiting to be read by side i
-        net::detail::wakeup wake[2];
+        wakeup wake[2];
         bool closed = false;
         std::size_t bytes_written[2] = {0, 0}; ///< by side i
     };

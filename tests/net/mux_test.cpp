@@ -1,5 +1,5 @@
 #include "net/memory_channel.hpp"
-#include "net/test_support.hpp"
+#include "support/bytes.hpp"
 
 #include <hivemesh/core/random.hpp>
 #include <hivemesh/net/mux.hpp>
@@ -20,7 +20,7 @@ using namespace hivemesh;
 using net::mux_connection;
 using net::mux_stream;
 using test::memory_channel;
-using test::pattern;
+using test::random_bytes;
 
 namespace {
 
@@ -155,7 +155,8 @@ TEST_CASE("messages of every size cross a stream both ways", "[net][mux]") {
             REQUIRE_FALSE(ec);
         }
         for (std::size_t i = 0; i < sizes.size(); ++i) {
-            const std::error_code ec = co_await s.send(pattern(sizes[i], i), i + 1 == sizes.size());
+            const std::error_code ec =
+                co_await s.send(random_bytes(sizes[i], i), i + 1 == sizes.size());
             REQUIRE_FALSE(ec);
         }
         for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -164,7 +165,7 @@ TEST_CASE("messages of every size cross a stream both ways", "[net][mux]") {
                 const std::error_code ec = co_await s.receive(echo);
                 REQUIRE_FALSE(ec);
             }
-            CHECK(echo == pattern(sizes[i], i));
+            CHECK(echo == random_bytes(sizes[i], i));
         }
         byte_buffer none;
         const std::error_code end = co_await s.receive(none);
@@ -209,7 +210,8 @@ TEST_CASE("the storage of a read message lands a later one, on any stream, up to
             REQUIRE_FALSE(ec);
         }
         for (std::size_t i = 0; i < count; ++i) {
-            const std::error_code ec = co_await s.send(pattern(size, seed + i), i + 1 == count);
+            const std::error_code ec =
+                co_await s.send(random_bytes(size, seed + i), i + 1 == count);
             REQUIRE_FALSE(ec);
         }
     };
@@ -225,7 +227,7 @@ TEST_CASE("the storage of a read message lands a later one, on any stream, up to
             byte_buffer& m = one_buffer ? kept : fresh;
             const std::error_code ec = co_await s.receive(m);
             REQUIRE_FALSE(ec);
-            REQUIRE(m == pattern(size, seed + i));
+            REQUIRE(m == random_bytes(size, seed + i));
         }
     };
     const auto& stats = pair.b->statistics();
@@ -267,7 +269,7 @@ TEST_CASE("prefixed and shared messages arrive whole, across frames, on every st
     net::mux_options options;
     options.frame_payload = 1000; // every message but the empty ones spans several frames
     mux_pair pair(options, options, placing);
-    const auto shared = std::make_shared<const byte_buffer>(pattern(4321, 7));
+    const auto shared = std::make_shared<const byte_buffer>(random_bytes(4321, 7));
     const auto joined = [](std::optional<std::byte> prefix, byte_view body) {
         byte_buffer out;
         if (prefix) out.push_back(*prefix);
@@ -275,7 +277,7 @@ TEST_CASE("prefixed and shared messages arrive whole, across frames, on every st
         return out;
     };
     // Per stream: a prefixed owned body, the shared body bare and prefixed, a prefix alone.
-    const std::vector<byte_buffer> expected{joined(std::byte{7}, pattern(2500, 3)), *shared,
+    const std::vector<byte_buffer> expected{joined(std::byte{7}, random_bytes(2500, 3)), *shared,
                                             joined(std::byte{9}, *shared),
                                             joined(std::byte{1}, {})};
     auto sender = [&]() -> asio::awaitable<void> {
@@ -286,7 +288,7 @@ TEST_CASE("prefixed and shared messages arrive whole, across frames, on every st
         }
         std::vector<net::mux_message> messages(4);
         messages[0].prefix = std::byte{7};
-        messages[0].body = pattern(2500, 3);
+        messages[0].body = random_bytes(2500, 3);
         messages[1].shared_body = shared;
         messages[2].prefix = std::byte{9};
         messages[2].shared_body = shared;
@@ -312,7 +314,7 @@ TEST_CASE("prefixed and shared messages arrive whole, across frames, on every st
     REQUIRE(received.size() == 2);
     CHECK(received[0] == expected);
     CHECK(received[1] == expected);
-    CHECK(*shared == pattern(4321, 7));
+    CHECK(*shared == random_bytes(4321, 7));
     if (placing) CHECK(pair.channel_b->placements > 0);
 }
 
@@ -321,7 +323,7 @@ TEST_CASE("a stream that ends while a frame is being placed into it drops only t
     net::mux_options options;
     options.frame_payload = 1000;
     mux_pair pair(options, options, true);
-    const auto big = pattern(5000, 1), small = pattern(10, 2);
+    const auto big = random_bytes(5000, 1), small = random_bytes(10, 2);
     auto sender = [&](const byte_buffer& message) -> asio::awaitable<void> {
         mux_stream s;
         {
@@ -382,7 +384,7 @@ TEST_CASE("more streams than the peer allows wait for a free slot", "[net][mux]"
             most_open = std::max(most_open, pair.a->stream_count());
             {
                 const std::error_code ec =
-                    co_await s.send(pattern(10, static_cast<std::uint64_t>(i)), true);
+                    co_await s.send(random_bytes(10, static_cast<std::uint64_t>(i)), true);
                 REQUIRE_FALSE(ec);
             }
             byte_buffer reply;
@@ -390,7 +392,7 @@ TEST_CASE("more streams than the peer allows wait for a free slot", "[net][mux]"
                 const std::error_code ec = co_await s.receive(reply);
                 REQUIRE_FALSE(ec);
             }
-            CHECK(reply == pattern(10, static_cast<std::uint64_t>(i)));
+            CHECK(reply == random_bytes(10, static_cast<std::uint64_t>(i)));
             ++answered;
         });
     }
@@ -429,7 +431,7 @@ TEST_CASE("a small message overtakes a large one on another stream", "[net][mux]
             REQUIRE_FALSE(ec);
         }
         {
-            const std::error_code ec = co_await s.send(pattern(8 << 20, 1), true);
+            const std::error_code ec = co_await s.send(random_bytes(8 << 20, 1), true);
             REQUIRE_FALSE(ec);
         }
     });
@@ -440,7 +442,7 @@ TEST_CASE("a small message overtakes a large one on another stream", "[net][mux]
             REQUIRE_FALSE(ec);
         }
         {
-            const std::error_code ec = co_await s.send(pattern(100, 2), true);
+            const std::error_code ec = co_await s.send(random_bytes(100, 2), true);
             REQUIRE_FALSE(ec);
         }
     });
@@ -481,7 +483,7 @@ TEST_CASE("a receiver that stops reading stalls the sender at its window", "[net
         }
         for (int i = 0; i < 64; ++i) {
             {
-                const std::error_code ec = co_await s.send(pattern(32 << 10, 9));
+                const std::error_code ec = co_await s.send(random_bytes(32 << 10, 9));
                 REQUIRE_FALSE(ec);
             }
             sent += 32 << 10;
@@ -523,7 +525,7 @@ TEST_CASE("a reset reaches the other side with its code", "[net][mux]") {
             REQUIRE_FALSE(ec);
         }
         {
-            const std::error_code ec = co_await s.send(pattern(10, 1));
+            const std::error_code ec = co_await s.send(random_bytes(10, 1));
             REQUIRE_FALSE(ec);
         }
         byte_buffer m;
@@ -548,7 +550,7 @@ TEST_CASE("dropping a stream resets it, unless it already said everything", "[ne
             REQUIRE_FALSE(ec);
         }
         {
-            const std::error_code ec = co_await s1.send(pattern(1, 1));
+            const std::error_code ec = co_await s1.send(random_bytes(1, 1));
             REQUIRE_FALSE(ec);
         }
         {
@@ -556,7 +558,7 @@ TEST_CASE("dropping a stream resets it, unless it already said everything", "[ne
             REQUIRE_FALSE(ec);
         }
         {
-            const std::error_code ec = co_await s2.send(pattern(1, 2));
+            const std::error_code ec = co_await s2.send(random_bytes(1, 2));
             REQUIRE_FALSE(ec);
         }
         byte_buffer m;
@@ -571,14 +573,14 @@ TEST_CASE("dropping a stream resets it, unless it already said everything", "[ne
     auto server = spawn(pair.io, [&]() -> asio::awaitable<void> {
         mux_stream s = std::move(pair.incoming_b[1]);
         {
-            const std::error_code ec = co_await s.send(pattern(5, 5), true);
+            const std::error_code ec = co_await s.send(random_bytes(5, 5), true);
             REQUIRE_FALSE(ec);
         }
     });
     pair.run(server);
     pair.run(client);
     CHECK(first == errc::cancelled);
-    CHECK(kept == pattern(5, 5));
+    CHECK(kept == random_bytes(5, 5));
     CHECK(second == asio::error::eof);
     pair.run([&] { return pair.a->stream_count() == 0 && pair.b->stream_count() == 0; });
 }
@@ -590,21 +592,22 @@ TEST_CASE("a peer that ends cleanly while our send is queued: what it sent stays
     auto opened = spawn(pair.io, [&]() -> asio::awaitable<void> {
         const std::error_code open_error = co_await pair.a->open(s);
         REQUIRE_FALSE(open_error);
-        const std::error_code sent = co_await s.send(pattern(10, 1));
+        const std::error_code sent = co_await s.send(random_bytes(10, 1));
         REQUIRE_FALSE(sent);
     });
     pair.run(opened);
     pair.run([&] { return pair.incoming_b.size() == 1; });
     // More than the peer's window, which it never reads: stays queued.
     std::optional<std::error_code> big;
-    auto sender = spawn(
-        pair.io, [&]() -> asio::awaitable<void> { big = co_await s.send(pattern(8u << 20, 2)); });
+    auto sender = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        big = co_await s.send(random_bytes(8u << 20, 2));
+    });
     for (int i = 0; i < 50; ++i)
         pair.io.poll();
     REQUIRE_FALSE(big.has_value());
     auto server = spawn(pair.io, [&]() -> asio::awaitable<void> {
         mux_stream peer = std::move(pair.incoming_b[0]);
-        const std::error_code ec = co_await peer.send(pattern(5, 5), true);
+        const std::error_code ec = co_await peer.send(random_bytes(5, 5), true);
         REQUIRE_FALSE(ec);
     }); // dropped after its last message: a clean end
     pair.run(server);
@@ -618,7 +621,7 @@ TEST_CASE("a peer that ends cleanly while our send is queued: what it sent stays
     });
     pair.run(reader);
     CHECK_FALSE(got_first);
-    CHECK(first == pattern(5, 5));
+    CHECK(first == random_bytes(5, 5));
     CHECK(got_second == asio::error::eof);
 }
 
@@ -635,8 +638,8 @@ TEST_CASE("a message over the peer's limit is refused before sending", "[net][mu
             const std::error_code ec = co_await pair.a->open(s);
             REQUIRE_FALSE(ec);
         }
-        too_big = co_await s.send(pattern(1001, 1));
-        fits = co_await s.send(pattern(1000, 1));
+        too_big = co_await s.send(random_bytes(1001, 1));
+        fits = co_await s.send(random_bytes(1000, 1));
     });
     pair.run(client);
     CHECK(too_big == errc::message_too_large);
@@ -655,7 +658,7 @@ TEST_CASE("closing a connection fails its streams and pending opens", "[net][mux
             REQUIRE_FALSE(ec);
         }
         {
-            const std::error_code ec = co_await s.send(pattern(1, 1));
+            const std::error_code ec = co_await s.send(random_bytes(1, 1));
             REQUIRE_FALSE(ec);
         }
         byte_buffer m;
@@ -740,7 +743,7 @@ byte_buffer data_frame(std::uint32_t stream, std::uint8_t flags, std::size_t siz
     byte_buffer out;
     binary_writer w(out);
     net::write_data_header(w, stream, flags);
-    w.write_bytes(pattern(size, stream));
+    w.write_bytes(random_bytes(size, stream));
     return out;
 }
 

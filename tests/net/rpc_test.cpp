@@ -1,6 +1,7 @@
 // The RPC suite: every case runs on the simulated network and on loopback TCP.
-#include "net/test_support.hpp"
-#include "net/worlds.hpp"
+#include "support/bytes.hpp"
+#include "support/identities.hpp"
+#include "support/worlds.hpp"
 
 #include <hivemesh/core/random.hpp>
 #include <hivemesh/net/node.hpp>
@@ -33,7 +34,7 @@ using namespace std::chrono_literals;
 namespace {
 
 using test::identity_of;
-using test::pattern;
+using test::random_bytes;
 using test::sim_world;
 using test::tcp_world;
 
@@ -131,9 +132,10 @@ TEMPLATE_TEST_CASE("unary calls return exactly what the handler made", "[net][rp
     for (const std::size_t size :
          {std::size_t{0}, std::size_t{1}, std::size_t{100000}, std::size_t{3} << 20}) {
         INFO(TestType::name << " size " << size);
-        const auto outcome = call(world, *client.node, server.peer(), "echo", pattern(size, size));
+        const auto outcome =
+            call(world, *client.node, server.peer(), "echo", random_bytes(size, size));
         REQUIRE_FALSE(outcome.ec);
-        CHECK(outcome.response == pattern(size, size));
+        CHECK(outcome.response == random_bytes(size, size));
     }
     // One connection served every call.
     CHECK(client.node->connection_count() == 1);
@@ -192,7 +194,7 @@ TEMPLATE_TEST_CASE("a deadline ends the call and cancels the handler", "[net][rp
     REQUIRE(world.run_until([&] { return handler_cancelled; }, 10s));
     // The connection survives a timed-out call.
     add_echo(server);
-    CHECK_FALSE(call(world, *client.node, server.peer(), "echo", pattern(5, 5)).ec);
+    CHECK_FALSE(call(world, *client.node, server.peer(), "echo", random_bytes(5, 5)).ec);
 }
 
 TEMPLATE_TEST_CASE("cancelling a call through its slot cancels the handler", "[net][rpc]",
@@ -233,7 +235,7 @@ TEMPLATE_TEST_CASE("1000 concurrent unary calls between two peers", "[net][rpc]"
     std::vector<std::shared_ptr<call_outcome>> outcomes;
     for (int i = 0; i < 1000; ++i)
         outcomes.push_back(start_call(*client.node, server.peer(), "echo",
-                                      pattern(static_cast<std::size_t>(i % 97), i), 60s));
+                                      random_bytes(static_cast<std::size_t>(i % 97), i), 60s));
     REQUIRE(world.run_until([&] {
         return std::all_of(outcomes.begin(), outcomes.end(), [](auto& o) { return o->done; });
     }));
@@ -241,7 +243,7 @@ TEMPLATE_TEST_CASE("1000 concurrent unary calls between two peers", "[net][rpc]"
     for (int i = 0; i < 1000; ++i)
         exact += !outcomes[static_cast<std::size_t>(i)]->ec &&
                  outcomes[static_cast<std::size_t>(i)]->response ==
-                     pattern(static_cast<std::size_t>(i % 97), i);
+                     random_bytes(static_cast<std::size_t>(i % 97), i);
     CHECK(exact == 1000);
     CHECK(client.node->connection_count() == 1);
 }
@@ -315,7 +317,7 @@ TEMPLATE_TEST_CASE("streaming calls: upload, download and echo", "[net][rpc]", s
         const auto opened = co_await client.node->open_call(server.peer(), "sum", 60s, stream);
         REQUIRE_FALSE(opened);
         for (int i = 0; i < 20; ++i) {
-            auto m = pattern(static_cast<std::size_t>(i) * 1000, i);
+            auto m = random_bytes(static_cast<std::size_t>(i) * 1000, i);
             for (auto b : m)
                 expected += static_cast<std::uint8_t>(b);
             const auto ec = co_await stream.write(std::move(m));
@@ -373,7 +375,7 @@ TEMPLATE_TEST_CASE("a small call is answered while a large stream runs on the co
         net::call_stream stream;
         const auto opened = co_await client.node->open_call(server.peer(), "sink", 600s, stream);
         REQUIRE_FALSE(opened);
-        const auto chunk = pattern(1 << 20, 1);
+        const auto chunk = random_bytes(1 << 20, 1);
         for (std::size_t sent = 0; sent < total; sent += chunk.size()) {
             const auto ec = co_await stream.write(chunk);
             REQUIRE_FALSE(ec);
@@ -386,7 +388,7 @@ TEMPLATE_TEST_CASE("a small call is answered while a large stream runs on the co
         upload_done = true;
     });
     REQUIRE(world.run_until([&] { return received >= (8u << 20); }));
-    auto small = start_call(*client.node, server.peer(), "echo", pattern(10, 3), 600s);
+    auto small = start_call(*client.node, server.peer(), "echo", random_bytes(10, 3), 600s);
     REQUIRE(world.run_until([&] { return small->done; }));
     small_answered_during_upload = !upload_done && received < total;
     CHECK_FALSE(small->ec);
@@ -405,7 +407,7 @@ TEMPLATE_TEST_CASE("a peer restarting with the same identity is reachable again"
     const auto endpoint = world.listen(*server, server_transport);
     const typename node_type::peer target{server->id(), endpoint};
     add_echo_to(*server);
-    CHECK_FALSE(call(world, *client.node, target, "echo", pattern(3, 3)).ec);
+    CHECK_FALSE(call(world, *client.node, target, "echo", random_bytes(3, 3)).ec);
 
     server.reset(); // the process dies; the client's connection breaks
     world.settle();
@@ -414,9 +416,9 @@ TEMPLATE_TEST_CASE("a peer restarting with the same identity is reachable again"
     server = std::make_unique<node_type>(server_transport, identity_of(1));
     world.listen_at(*server, server_transport, endpoint);
     add_echo_to(*server);
-    const auto again = call(world, *client.node, target, "echo", pattern(4, 4));
+    const auto again = call(world, *client.node, target, "echo", random_bytes(4, 4));
     CHECK_FALSE(again.ec);
-    CHECK(again.response == pattern(4, 4));
+    CHECK(again.response == random_bytes(4, 4));
 }
 
 TEMPLATE_TEST_CASE("idle connections are closed", "[net][rpc]", sim_world, tcp_world) {
@@ -474,9 +476,9 @@ TEMPLATE_TEST_CASE("max_connections closes the least recently used idle connecti
     auto on_a = start_call(*client.node, a.peer(), "hold", {}, 3600s);
     auto on_c = start_call(*client.node, c.peer(), "hold", {}, 3600s);
     REQUIRE(world.run_until([&] { return held.size() == 2; }));
-    const auto to_b = call(world, *client.node, b.peer(), "echo", pattern(7, 7));
+    const auto to_b = call(world, *client.node, b.peer(), "echo", random_bytes(7, 7));
     CHECK_FALSE(to_b.ec);
-    CHECK(to_b.response == pattern(7, 7));
+    CHECK(to_b.response == random_bytes(7, 7));
     CHECK(client.node->connection_count() == 3);
     for (auto* timer : std::vector<timer_type*>(held))
         timer->cancel();
@@ -489,7 +491,7 @@ TEMPLATE_TEST_CASE("max_connections closes the least recently used idle connecti
     host<TestType> burst(world, 6, capped);
     std::vector<std::shared_ptr<call_outcome>> together;
     for (auto* h : {&a, &b, &c})
-        together.push_back(start_call(*burst.node, h->peer(), "echo", pattern(9, 9)));
+        together.push_back(start_call(*burst.node, h->peer(), "echo", random_bytes(9, 9)));
     REQUIRE(world.run_until([&] {
         return std::all_of(together.begin(), together.end(), [](auto& o) { return o->done; });
     }));
@@ -542,13 +544,13 @@ TEMPLATE_TEST_CASE("messages of every size around the frame size cross exactly, 
             co_await client.node->open_call(server.peer(), "echo_stream", 600s, stream);
         REQUIRE_FALSE(opened);
         for (std::size_t i = 0; i < sizes.size(); ++i) {
-            const auto written = co_await stream.write(pattern(sizes[i], i));
+            const auto written = co_await stream.write(random_bytes(sizes[i], i));
             REQUIRE_FALSE(written);
             byte_buffer back;
             const auto read = co_await stream.read(back);
             REQUIRE_FALSE(read);
             CAPTURE(i, sizes[i]);
-            REQUIRE(back == pattern(sizes[i], i));
+            REQUIRE(back == random_bytes(sizes[i], i));
             ++echoed;
         }
         const auto closed = co_await stream.close_write();
@@ -558,9 +560,9 @@ TEMPLATE_TEST_CASE("messages of every size around the frame size cross exactly, 
         CHECK(end == asio::error::eof);
     });
     // A unary call on the same connection meanwhile.
-    const auto small = call(world, *client.node, server.peer(), "echo", pattern(10, 99));
+    const auto small = call(world, *client.node, server.peer(), "echo", random_bytes(10, 99));
     CHECK_FALSE(small.ec);
-    CHECK(small.response == pattern(10, 99));
+    CHECK(small.response == random_bytes(10, 99));
     REQUIRE(world.run_until([&] { return *done; }));
     CHECK(echoed == sizes.size());
 }
@@ -578,7 +580,7 @@ TEMPLATE_TEST_CASE("1 GiB streams through one call with bounded buffering", "[ne
     });
     constexpr std::uint64_t total = std::uint64_t{1} << 30;
     constexpr std::size_t chunk_size = std::size_t{1} << 20;
-    const auto chunk = pattern(chunk_size, 7);
+    const auto chunk = random_bytes(chunk_size, 7);
     std::error_code status = errc::corrupt_data;
     auto done = spawn_flag(client.node->get_executor(), [&]() -> asio::awaitable<void> {
         net::call_stream stream;
@@ -680,9 +682,9 @@ TEST_CASE("an accept that keeps failing (no descriptors left) is retried after p
 
     squeeze.release();
     // The next retry (at most a second away) takes the waiting connection; a call works.
-    const auto outcome = call(world, *client.node, server.peer(), "echo", pattern(100, 3));
+    const auto outcome = call(world, *client.node, server.peer(), "echo", random_bytes(100, 3));
     CHECK_FALSE(outcome.ec);
-    CHECK(outcome.response == pattern(100, 3));
+    CHECK(outcome.response == random_bytes(100, 3));
     CHECK(server.node->statistics().accept_errors == failed);
 }
 
@@ -710,9 +712,9 @@ TEST_CASE("silent incoming connections past max_pending_handshakes are closed at
     CHECK(server.node->statistics().handshakes_refused == 6);
     // The four time out after dial_timeout; then a real peer's handshake is taken.
     REQUIRE(world.run_until([&] { return server.node->statistics().pending_handshakes == 0; }));
-    const auto outcome = call(world, *client.node, server.peer(), "echo", pattern(10, 1));
+    const auto outcome = call(world, *client.node, server.peer(), "echo", random_bytes(10, 1));
     CHECK_FALSE(outcome.ec);
-    CHECK(outcome.response == pattern(10, 1));
+    CHECK(outcome.response == random_bytes(10, 1));
     CHECK(server.node->statistics().handshakes_refused == 6);
     CHECK(server.node->statistics().pending_handshakes == 0);
 }

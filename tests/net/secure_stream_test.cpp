@@ -1,3 +1,6 @@
+#include "support/bytes.hpp"
+#include "support/identities.hpp"
+
 #include <hivemesh/core/random.hpp>
 #include <hivemesh/net/secure_stream.hpp>
 
@@ -32,17 +35,8 @@ using tcp_socket = asio::ip::tcp::socket;
 
 namespace {
 
-identity identity_of(std::uint8_t fill) {
-    return identity::from_seed(byte_buffer(32, std::byte{fill}));
-}
-
-byte_buffer pattern(std::size_t size, std::uint64_t seed) {
-    hivemesh::random_generator rng(seed);
-    byte_buffer out(size);
-    for (auto& b : out)
-        b = static_cast<std::byte>(rng() & 0xFF);
-    return out;
-}
+using hivemesh::test::identity_of;
+using hivemesh::test::random_bytes;
 
 bool same(byte_view a, byte_view b) {
     return std::equal(a.begin(), a.end(), b.begin(), b.end());
@@ -117,10 +111,10 @@ std::vector<byte_buffer> test_messages(std::uint64_t seed) {
     std::vector<byte_buffer> messages;
     for (std::size_t size :
          {std::size_t{0}, std::size_t{1}, std::size_t{64 * 1024}, std::size_t{(1 << 20) + 3}})
-        messages.push_back(pattern(size, seed + size));
+        messages.push_back(random_bytes(size, seed + size));
     for (std::size_t i = 0; i < 300; ++i) // many small records share each read
-        messages.push_back(pattern(i % 97, seed * 1000 + i));
-    messages.push_back(pattern((1 << 20) + 5, seed + 7)); // a large one after many small
+        messages.push_back(random_bytes(i % 97, seed * 1000 + i));
+    messages.push_back(random_bytes((1 << 20) + 5, seed + 7)); // a large one after many small
     return messages;
 }
 
@@ -312,9 +306,9 @@ TEST_CASE("a listener refuses a raw socket that writes garbage", "[net][secure_s
     const auto bob = identity_of(2);
     hivemesh::random_generator rng(99);
     std::vector<byte_buffer> garbage_inputs;
-    garbage_inputs.push_back(pattern(200, rng())); // random length header
-    auto plausible = le32(39);                     // right size, random hello
-    const auto body = pattern(39, rng());
+    garbage_inputs.push_back(random_bytes(200, rng())); // random length header
+    auto plausible = le32(39);                          // right size, random hello
+    const auto body = random_bytes(39, rng());
     plausible.insert(plausible.end(), body.begin(), body.end());
     garbage_inputs.push_back(plausible);
     auto long_frame = le32(4097); // over the frame limit
@@ -446,7 +440,7 @@ TEST_CASE("a plaintext record cut off while placed is truncated, and the head su
         const std::size_t payload = 100'000, sent = 30'000;
         byte_buffer raw = le32(static_cast<std::uint32_t>(1 + payload));
         raw.push_back(std::byte{0}); // record_type::data
-        const auto body = pattern(sent, 5);
+        const auto body = random_bytes(sent, 5);
         raw.insert(raw.end(), body.begin(), body.end());
         byte_buffer landed;
         std::error_code first, second;

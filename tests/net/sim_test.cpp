@@ -1,5 +1,7 @@
 // Tests of the simulated network transport: virtual time, timers, streams over links with
 // latency, bandwidth and loss, backpressure, partitions, crashes, determinism and scale.
+#include "support/bytes.hpp"
+
 #include <hivemesh/core/random.hpp>
 #include <hivemesh/net/sim.hpp>
 
@@ -25,6 +27,7 @@ namespace sim = hivemesh::net::sim;
 using namespace std::chrono_literals;
 using hivemesh::duration;
 using hivemesh::time_point;
+using hivemesh::test::random_bytes;
 
 static_assert(hivemesh::clock_like<sim::clock>);
 static_assert(std::is_same_v<sim::transport::stream_type, sim::stream>);
@@ -46,13 +49,6 @@ void spawn(const asio::any_io_executor& executor, Awaitable&& awaitable) {
     asio::co_spawn(executor, std::forward<Awaitable>(awaitable), [](std::exception_ptr e) {
         if (e) std::rethrow_exception(e);
     });
-}
-
-hivemesh::byte_buffer random_bytes(hivemesh::random_generator& random, std::size_t size) {
-    hivemesh::byte_buffer bytes(size);
-    for (auto& b : bytes)
-        b = static_cast<std::byte>(random());
-    return bytes;
 }
 
 // An io_context with a network on it; the io_context outlives the network.

@@ -1,5 +1,7 @@
 // Eigen backend: plain objects of every shape and storage order, maps with and without strides,
 // blocks, refs, double precision, host_view write-back and tensor_ref mixing backends.
+#include "support/errors.hpp"
+
 #include <hivemesh/tensor.hpp>
 #include <hivemesh/tensor/eigen.hpp>
 
@@ -15,15 +17,7 @@ namespace ht = hivemesh::tensor;
 
 namespace {
 
-template <class F>
-std::error_code thrown_code(F&& f) {
-    try {
-        f();
-    } catch (const std::system_error& e) {
-        return e.code();
-    }
-    return {};
-}
+using hivemesh::test::thrown_code;
 
 /// Sets every coefficient to a value unique to its (row, column): 10 * row + column + 1.
 template <class M>

@@ -1,4 +1,7 @@
 // Raw-buffer backend: std::vector<float>, std::span<float>, std::span<const float>.
+#include "support/errors.hpp"
+#include "support/floats.hpp"
+
 #include <hivemesh/tensor.hpp>
 
 #include <catch2/catch.hpp>
@@ -14,21 +17,8 @@ namespace ht = hivemesh::tensor;
 
 namespace {
 
-template <class F>
-std::error_code thrown_code(F&& f) {
-    try {
-        f();
-    } catch (const std::system_error& e) {
-        return e.code();
-    }
-    return {};
-}
-
-std::vector<float> iota(std::size_t n, float start) {
-    std::vector<float> v(n);
-    std::iota(v.begin(), v.end(), start);
-    return v;
-}
+using hivemesh::test::iota;
+using hivemesh::test::thrown_code;
 
 } // namespace
 

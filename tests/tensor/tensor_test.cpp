@@ -1,6 +1,9 @@
 // The generic layer: concepts, free functions, host_view, const_host_view, tensor_ref,
 // total_size, flatten_to / unflatten_from. A toy strided tensor defined here exercises the
 // host-copy paths without any third-party backend.
+#include "support/errors.hpp"
+#include "support/floats.hpp"
+
 #include <hivemesh/tensor.hpp>
 
 #include <catch2/catch.hpp>
@@ -18,6 +21,9 @@ namespace ht = hivemesh::tensor;
 
 namespace {
 
+using hivemesh::test::iota;
+using hivemesh::test::thrown_code;
+
 /// Every second element of `storage` is an element of the tensor; the others are padding that
 /// must never be touched. Never contiguous, so it always takes the host-copy path.
 struct strided_tensor {
@@ -30,22 +36,6 @@ struct strided_tensor {
 struct readonly_tensor {
     std::vector<float> values;
 };
-
-template <class F>
-std::error_code thrown_code(F&& f) {
-    try {
-        f();
-    } catch (const std::system_error& e) {
-        return e.code();
-    }
-    return {};
-}
-
-std::vector<float> iota(std::size_t n, float start = 1.0f) {
-    std::vector<float> v(n);
-    std::iota(v.begin(), v.end(), start);
-    return v;
-}
 
 strided_tensor make_strided(std::size_t n) {
     strided_tensor t{std::vector<float>(2 * n, -1.0f)};

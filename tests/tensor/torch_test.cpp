@@ -5,6 +5,8 @@
 // at::Tensor): in libtorch 1.13 <ATen/ATen.h>, <torch/torch.h> and even the factory-function
 // headers (<ATen/ops/zeros.h>, ...) fail to compile with clang in C++20 mode, so tensors are
 // made from host vectors with from_blob + clone and shaped with Tensor methods.
+#include "support/errors.hpp"
+
 #include <hivemesh/tensor.hpp>
 #include <hivemesh/tensor/torch.hpp>
 
@@ -24,15 +26,7 @@ namespace ht = hivemesh::tensor;
 
 namespace {
 
-template <class F>
-std::error_code thrown_code(F&& f) {
-    try {
-        f();
-    } catch (const std::system_error& e) {
-        return e.code();
-    }
-    return {};
-}
+using hivemesh::test::thrown_code;
 
 /// k / 8 for k = start, start + 1, ...: exactly representable in float16 and bfloat16.
 std::vector<float> eighths(std::size_t n, int start) {

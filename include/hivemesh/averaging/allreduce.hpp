@@ -25,8 +25,8 @@
 
 #include "hivemesh/averaging/allreduce_wire.hpp"
 #include "hivemesh/averaging/group.hpp"
-#include "hivemesh/averaging/launch.hpp"
 #include "hivemesh/compression/compress.hpp"
+#include "hivemesh/core/async.hpp"
 #include "hivemesh/core/clock.hpp"
 #include "hivemesh/core/log.hpp"
 #include "hivemesh/net/node.hpp"
@@ -131,7 +131,7 @@ inline std::size_t part_elements_for(std::size_t part_bytes, compression::kind c
     constexpr std::size_t sample = std::size_t{1} << 20;
     const double bytes_per_element =
         static_cast<double>(compression::compressed_size(codec, sample, opts) -
-                            compression::detail::header_size) /
+                            compression::header_size) /
         static_cast<double>(sample);
     if (!(bytes_per_element >= 1.0)) // an unknown codec, refused later: size as float32
         return std::max<std::size_t>(1, part_bytes / sizeof(float));
@@ -198,10 +198,10 @@ inline std::shared_ptr<byte_buffer> take_if_unshared(std::shared_ptr<byte_buffer
 
 } // namespace detail
 
-template <class Transport>
+template <net::transport Transport>
 class allreduce_service {
 public:
-    using rpc_type = net::node<Transport>;
+    using rpc_node_type = net::node<Transport>;
     using endpoint_type = typename Transport::endpoint_type;
     using timer_type = typename Transport::timer_type;
     using group_type = group_info<endpoint_type>;
@@ -210,7 +210,7 @@ public:
     /// Serves `options.method` on `rpc`, which must outlive this service. `compute` runs
     /// compression and reduction (e.g. an asio::thread_pool's executor); without one they
     /// run on the node's executor.
-    explicit allreduce_service(rpc_type& rpc, allreduce_options options = {},
+    explicit allreduce_service(rpc_node_type& rpc, allreduce_options options = {},
                                std::optional<asio::any_io_executor> compute = std::nullopt)
         : state_(std::make_shared<service_state>(rpc, std::move(options), std::move(compute))) {
         if (state_->options.part_size_bytes < sizeof(float))
@@ -249,19 +249,20 @@ public:
     /// averaged before), cancelled (the token's cancellation slot was emitted, on the node's
     /// executor; the result still tells what was averaged before).
     /// Timeouts and failed peers are not errors: see allreduce_result::parts.
-    template <class Token>
+    template <ASIO_COMPLETION_TOKEN_FOR(completion_signature) Token = default_token_t>
     auto async_allreduce(group_type group, std::size_t me, std::vector<std::size_t> spans,
-                         std::span<float> local, double weight, duration timeout, Token&& token) {
+                         std::span<float> local, double weight, duration timeout,
+                         Token&& token = default_token_t{}) {
         return start(std::forward<Token>(token), std::move(group), me, std::move(spans), local,
                      std::vector<tensor::tensor_ref>{}, weight, timeout);
     }
 
     /// The same over a list of tensors of any backend, concatenated in order; the tensors
     /// are read at the start and written at the end, and must stay alive until completion.
-    template <class Token>
+    template <ASIO_COMPLETION_TOKEN_FOR(completion_signature) Token = default_token_t>
     auto async_allreduce(group_type group, std::size_t me, std::vector<std::size_t> spans,
                          std::vector<tensor::tensor_ref> tensors, double weight, duration timeout,
-                         Token&& token) {
+                         Token&& token = default_token_t{}) {
         return start(std::forward<Token>(token), std::move(group), me, std::move(spans),
                      std::span<float>{}, std::move(tensors), weight, timeout);
     }
@@ -270,14 +271,14 @@ private:
     struct round;
 
     struct service_state {
-        service_state(rpc_type& r, allreduce_options o, std::optional<asio::any_io_executor> c)
+        service_state(rpc_node_type& r, allreduce_options o, std::optional<asio::any_io_executor> c)
             : rpc(&r)
             , executor(r.get_executor())
             , options(std::move(o))
             , compute(std::move(c)) {
             if (compute) reduce = asio::any_io_executor(asio::make_strand(*compute));
         }
-        rpc_type* rpc;
+        rpc_node_type* rpc;
         asio::any_io_executor executor;
         allreduce_options options;
         std::optional<asio::any_io_executor> compute;
@@ -289,14 +290,13 @@ private:
         /// kept for the next round (see there).
         detail::uninitialized_floats spare_sums;
 
-        time_point now() const { return net::detail::transport_now<Transport>(executor); }
+        time_point now() const { return net::transport_now<Transport>(executor); }
     };
     using state_ptr = std::shared_ptr<service_state>;
 
     // ---- one round -----------------------------------------------------------------------
 
     struct round : std::enable_shared_from_this<round> {
-        using wakeup = net::detail::wakeup;
 
         /// A member sending to us, as seen by this peer reducing its span.
         struct sender_slot {
@@ -439,14 +439,8 @@ private:
             ++activities;
             asio::co_spawn(io, std::move(work),
                            [self = this->shared_from_this()](std::exception_ptr failure) {
-                               if (failure) {
-                                   try {
-                                       std::rethrow_exception(failure);
-                                   } catch (const std::exception& e) {
-                                       log::error("allreduce", "round activity failed: ", e.what());
-                                   }
-                                   self->abort(errc::remote_error);
-                               }
+                               if (failure)
+                                   self->abort(escaped_exception_code(failure, "allreduce round"));
                                if (--self->activities == 0) self->all_done.notify();
                            });
         }
@@ -516,7 +510,7 @@ private:
                     tensor::flatten_to(r.tensors, r.owned);
                     r.local = r.owned;
                 };
-                co_await detail::offload(r.st->compute, flatten);
+                co_await offload(r.st->compute, flatten);
             }
             // Visible to incoming senders only now that the sums and slots exist.
             if (!r.st->rounds.try_emplace(r.group.id, self).second)
@@ -547,7 +541,7 @@ private:
             r.unregister();
             if (!r.tensors.empty()) {
                 auto write_back = [&r] { tensor::unflatten_from(r.tensors, r.owned); };
-                co_await detail::offload(r.st->compute, write_back);
+                co_await offload(r.st->compute, write_back);
             }
             if (r.aborted &&
                 (r.abort_reason == errc::cancelled || r.abort_reason == errc::invalid_argument))
@@ -618,7 +612,7 @@ private:
                     constexpr std::size_t chunk = 2048; // checked, then read again from L1
                     for (std::size_t i = 0; i < range.size; i += chunk) {
                         const std::size_t end = std::min(range.size, i + chunk);
-                        if (!compression::detail::all_finite(mine.subspan(i, end - i))) {
+                        if (!compression::all_finite(mine.subspan(i, end - i))) {
                             local_non_finite.store(true, std::memory_order_relaxed);
                             break;
                         }
@@ -706,7 +700,7 @@ private:
                     else // hold exactly what the others decode
                         ec = compression::decompress_into(byte_view(message).subspan(head), mine);
                 };
-                co_await detail::offload(st->reduce, average);
+                co_await offload(st->reduce, average);
                 if (refuse_local_values()) co_return;
             }
             if (ec) log::warning("allreduce", "part ", p, " not averaged: ", ec.message());
@@ -795,7 +789,7 @@ private:
                                                           static_cast<float>(s.weight), values);
                 };
                 s.busy = true;
-                co_await detail::offload(r.st->reduce, add);
+                co_await offload(r.st->reduce, add);
                 s.busy = false;
                 if (r.refuse_local_values()) break;
                 if (refused) {
@@ -893,8 +887,7 @@ private:
                 const auto codec = r.st->options.codec;
                 // Our values are checked here, part by part (the statistical codecs refuse
                 // non-finite input themselves); the check also brings the part into cache.
-                if (!compression::detail::refuses_non_finite(codec) &&
-                    !compression::detail::all_finite(values)) {
+                if (!compression::refuses_non_finite(codec) && !compression::all_finite(values)) {
                     packed = errc::non_finite_input;
                     return;
                 }
@@ -902,7 +895,7 @@ private:
                 packed =
                     compression::compress_into(codec, values, *next, r.st->options.codec_options);
             };
-            if (parts > 0) co_await detail::offload(r.st->compute, pack);
+            if (parts > 0) co_await offload(r.st->compute, pack);
             for (std::size_t p = 0; p < parts; ++p) {
                 if (r.hooks().before_send) co_await r.sleep(r.hooks().before_send(k, p));
                 if (packed == errc::non_finite_input) r.abort(errc::invalid_argument);
@@ -920,7 +913,7 @@ private:
                     next_part = p + 1;
                     // Named: no temporaries inside co_await (see CONTRIBUTING.md).
                     auto writing = stream.write(message);
-                    auto packing = detail::offload(r.st->compute, pack);
+                    auto packing = offload(r.st->compute, pack);
                     written = co_await (std::move(writing) && std::move(packing));
                 } else {
                     written = co_await stream.write(message);
@@ -963,7 +956,7 @@ private:
                         part.payload, r.local.subspan(range.begin, range.size), values);
                 };
                 slot.busy = true;
-                co_await detail::offload(r.st->compute, apply);
+                co_await offload(r.st->compute, apply);
                 slot.busy = false;
                 if (refused) {
                     why = refused;
@@ -1050,10 +1043,11 @@ private:
                           duration timeout) {
                 auto r = std::make_shared<round>(st, std::move(group), me, std::move(spans), local,
                                                  std::move(tensors), weight, timeout);
-                detail::launch(st->executor, round::run(r), std::move(handler),
-                               [weak = std::weak_ptr<round>(r)] {
-                                   if (auto alive = weak.lock()) alive->abort(errc::cancelled);
-                               });
+                co_launch(st->executor, round::run(r), std::move(handler),
+                          "averaging::allreduce_service::async_allreduce",
+                          [weak = std::weak_ptr<round>(r)] {
+                              if (auto alive = weak.lock()) alive->abort(errc::cancelled);
+                          });
             },
             token, std::move(group), me, std::move(spans), local, std::move(tensors), weight,
             timeout);
@@ -1096,7 +1090,8 @@ private:
 } // namespace hivemesh::averaging
 
 // With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
-// instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp, not in every translation unit.
+// instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp, not in
+// every translation unit.
 #if defined(HIVEMESH_SEPARATE_COMPILATION)
 #include "hivemesh/net/sim.hpp"
 #include "hivemesh/net/tcp.hpp"

@@ -37,7 +37,7 @@ struct averager_options {
     std::size_t target_group_size = 16;
     std::size_t min_group_size = 2;
     /// Length of the group key in bits (Moshpit: log2 of the number of groups).
-    std::size_t group_bits = 0;
+    std::size_t group_key_length = 0;
     /// The starting key; by default derived from the PeerId, so keys spread uniformly.
     std::optional<averaging::group_bits> initial_bits;
     /// How long one step looks for a group.
@@ -78,10 +78,10 @@ public:
     double weight() const noexcept { return weight_; }
 
 private:
-    template <class Transport>
+    template <net::transport Transport>
     friend class averager;
     asio::any_io_executor executor_;
-    net::detail::wakeup ready_;
+    wakeup ready_;
     double weight_ = 1.0;
     bool triggered_ = false;
 };
@@ -94,11 +94,11 @@ inline std::uint64_t schema_hash_of(std::span<const tensor::tensor_ref> tensors)
     return XXH3_64bits(sizes.data(), sizes.size() * sizeof(std::uint64_t));
 }
 
-template <class Transport>
+template <net::transport Transport>
 class averager {
 public:
-    using rpc_type = net::node<Transport>;
-    using dht_type = dht::node<Transport>;
+    using rpc_node_type = net::node<Transport>;
+    using dht_node_type = dht::node<Transport>;
     using endpoint_type = typename Transport::endpoint_type;
     using completion_signature = void(std::error_code, step_result);
 
@@ -106,7 +106,7 @@ public:
     /// sizes). `announce` is where others dial us (none: client). `compute` runs compression
     /// and reduction (see allreduce_service), and the hashing and (de)compression of state
     /// chunks. Throws std::invalid_argument for bad options.
-    averager(rpc_type& rpc, dht_type& dht, std::optional<endpoint_type> announce,
+    averager(rpc_node_type& rpc, dht_node_type& dht, std::optional<endpoint_type> announce,
              std::vector<tensor::tensor_ref> tensors, averager_options options = {},
              std::optional<asio::any_io_executor> compute = std::nullopt)
         : rpc_(&rpc)
@@ -119,7 +119,7 @@ public:
         , compute_(compute)
         , allreduce_(rpc, options_.allreduce, std::move(compute))
         , bits_(options_.initial_bits ? *options_.initial_bits : bits_from(rpc.id())) {
-        if (bits_.size() != options_.group_bits)
+        if (bits_.size() != options_.group_key_length)
             throw std::invalid_argument("averager_options::initial_bits: wrong length");
     }
 
@@ -140,20 +140,21 @@ public:
     /// wait for the trigger or the all-reduce, whichever runs), or a
     /// failed all-reduce's error; the tensors are then as they were (or partly averaged:
     /// see step_result::allreduce).
-    template <class Token>
-    auto async_scheduled_step(std::shared_ptr<step_control> control, Token&& token) {
+    template <ASIO_COMPLETION_TOKEN_FOR(completion_signature) Token = default_token_t>
+    auto async_scheduled_step(std::shared_ptr<step_control> control,
+                              Token&& token = default_token_t{}) {
         return asio::async_initiate<Token, completion_signature>(
             [this](auto handler, std::shared_ptr<step_control> control) {
-                detail::launch(rpc_->get_executor(), run_step(std::move(control)),
-                               std::move(handler));
+                co_launch(rpc_->get_executor(), run_step(std::move(control)), std::move(handler),
+                          "averaging::averager::async_step");
             },
             token, std::move(control));
     }
 
     /// One step with `weight` (e.g. the samples behind the local values). See
     /// async_scheduled_step.
-    template <class Token>
-    auto async_step(double weight, Token&& token) {
+    template <ASIO_COMPLETION_TOKEN_FOR(completion_signature) Token = default_token_t>
+    auto async_step(double weight, Token&& token = default_token_t{}) {
         auto control = make_control();
         control->triggered_ = true;
         control->weight_ = weight;
@@ -163,7 +164,7 @@ public:
     /// Blocking step for training loops; throws std::system_error (wrong_thread on the
     /// node's io thread, else the step's error).
     step_result step(double weight = 1.0) {
-        if (dht::detail::running_in_this_thread(rpc_->get_executor()))
+        if (running_in_this_thread(rpc_->get_executor()))
             throw std::system_error(errc::wrong_thread,
                                     "hivemesh::averaging::averager::step on an io thread");
         return async_step(weight, asio::use_future).get();
@@ -171,7 +172,7 @@ public:
 
     /// Serves our state to newcomers, advertised with `priority` (higher is preferred, e.g.
     /// the epoch). `provider` is called on the node's executor for each download.
-    void serve_state(std::function<state()> provider, double priority) {
+    void serve_state(std::function<state_snapshot()> provider, double priority) {
         if (!announce_)
             throw std::invalid_argument("averager::serve_state: a client serves nothing");
         server_ = std::make_unique<state_server<Transport>>(*rpc_, *dht_, options_.prefix,
@@ -183,8 +184,9 @@ public:
     /// Downloads state from the best donor, falling back to the next, checking and decoding
     /// chunks on our `compute` executor unless `options` name one. Completion:
     /// void(std::error_code, downloaded_state); see async_load_state.
-    template <class Token>
-    auto async_load_state_from_peers(load_options options, Token&& token) {
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, downloaded_state))
+                  Token = default_token_t>
+    auto async_load_state_from_peers(load_options options, Token&& token = default_token_t{}) {
         if (!options.compute) options.compute = compute_;
         return async_load_state(*rpc_, *dht_, options_.prefix, std::move(options),
                                 std::forward<Token>(token));
@@ -196,8 +198,8 @@ private:
             o.role = member_role::client;
             o.bandwidth = 0;
         }
-        if (o.group_bits > group_bits::max_size)
-            throw std::invalid_argument("averager_options::group_bits: at most 64");
+        if (o.group_key_length > group_bits::max_size)
+            throw std::invalid_argument("averager_options::group_key_length: at most 64");
         o.allreduce.method = o.prefix + ".allreduce";
         o.matchmaking.prefix = o.prefix;
         o.matchmaking.min_group_size = o.min_group_size;
@@ -210,7 +212,7 @@ private:
         const auto& b = id.bytes();
         std::uint64_t value = 0;
         std::memcpy(&value, b.data(), sizeof value);
-        const std::size_t n = options_.group_bits;
+        const std::size_t n = options_.group_key_length;
         return averaging::group_bits(n == 0 ? 0 : value & averaging::group_bits::mask(n), n);
     }
 
@@ -231,8 +233,7 @@ private:
         request.bandwidth = options_.bandwidth;
         request.metadata = options_.metadata;
         request.window = options_.matchmaking_time;
-        auto [ec, group] = co_await matchmaker_.async_find_group(
-            std::move(request), asio::experimental::as_tuple(asio::use_awaitable));
+        auto [ec, group] = co_await matchmaker_.async_find_group(std::move(request));
         if (ec) co_return out_type{ec, {}};
 
         while (!control->triggered_)
@@ -257,17 +258,17 @@ private:
         if (ec) co_return out_type{ec, std::move(out)};
         const auto members = group.size();
         const auto id = group.id;
-        auto [reduce_ec, result] = co_await allreduce_.async_allreduce(
-            std::move(group), out.index, spans, tensors_, control->weight_,
-            options_.averaging_timeout, asio::experimental::as_tuple(asio::use_awaitable));
+        auto [reduce_ec, result] =
+            co_await allreduce_.async_allreduce(std::move(group), out.index, spans, tensors_,
+                                                control->weight_, options_.averaging_timeout);
         out.allreduce = std::move(result);
         if (reduce_ec) co_return out_type{reduce_ec, std::move(out)};
         bits_ = rotate(bits_, id, out.index, members);
         co_return out_type{std::error_code{}, std::move(out)};
     }
 
-    rpc_type* rpc_;
-    dht_type* dht_;
+    rpc_node_type* rpc_;
+    dht_node_type* dht_;
     std::optional<endpoint_type> announce_;
     std::vector<tensor::tensor_ref> tensors_;
     averager_options options_;
@@ -283,7 +284,8 @@ private:
 } // namespace hivemesh::averaging
 
 // With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
-// instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp, not in every translation unit.
+// instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp, not in
+// every translation unit.
 #if defined(HIVEMESH_SEPARATE_COMPILATION)
 #include "hivemesh/net/sim.hpp"
 #include "hivemesh/net/tcp.hpp"

@@ -20,8 +20,8 @@
 
 #include "hivemesh/averaging/group.hpp"
 #include "hivemesh/averaging/group_key.hpp"
-#include "hivemesh/averaging/launch.hpp"
 #include "hivemesh/averaging/matchmaking_wire.hpp"
+#include "hivemesh/core/async.hpp"
 #include "hivemesh/core/log.hpp"
 #include "hivemesh/dht/node.hpp"
 #include "hivemesh/net/node.hpp"
@@ -68,11 +68,11 @@ struct match_request {
     duration window = 15s; ///< look this long; the declaration expires then
 };
 
-template <class Transport>
+template <net::transport Transport>
 class matchmaker {
 public:
-    using rpc_type = net::node<Transport>;
-    using dht_type = dht::node<Transport>;
+    using rpc_node_type = net::node<Transport>;
+    using dht_node_type = dht::node<Transport>;
     using endpoint_type = typename Transport::endpoint_type;
     using timer_type = typename Transport::timer_type;
     using group_type = group_info<endpoint_type>;
@@ -81,7 +81,7 @@ public:
     /// Serves "<prefix>.join" on `rpc`; `announce` is where others dial this peer (none for
     /// a client, which can only follow). `rpc` and `dht` must outlive the matchmaker.
     /// Throws std::invalid_argument for a bad prefix or group sizes.
-    matchmaker(rpc_type& rpc, dht_type& dht, std::optional<endpoint_type> announce,
+    matchmaker(rpc_node_type& rpc, dht_node_type& dht, std::optional<endpoint_type> announce,
                matchmaking_options options = {})
         : state_(std::make_shared<state>(rpc, dht, std::move(announce), std::move(options))) {
         const auto& o = state_->options;
@@ -117,15 +117,16 @@ public:
     /// invalid_argument (a search is already running, a non-client role without an
     /// announce endpoint, metadata over the limit), cancelled (the token's cancellation slot
     /// was emitted on the node's executor).
-    template <class Token>
-    auto async_find_group(match_request request, Token&& token) {
+    template <ASIO_COMPLETION_TOKEN_FOR(completion_signature) Token = default_token_t>
+    auto async_find_group(match_request request, Token&& token = default_token_t{}) {
         return asio::async_initiate<Token, completion_signature>(
             [st = state_](auto handler, match_request request) {
                 auto a = std::make_shared<attempt>(st, std::move(request));
-                detail::launch(st->executor, look(st, a), std::move(handler),
-                               [weak = std::weak_ptr<attempt>(a)] {
-                                   if (auto alive = weak.lock()) alive->stop(errc::cancelled);
-                               });
+                co_launch(st->executor, look(st, a), std::move(handler),
+                          "averaging::matchmaker::async_find_group",
+                          [weak = std::weak_ptr<attempt>(a)] {
+                              if (auto alive = weak.lock()) alive->stop(errc::cancelled);
+                          });
             },
             token, std::move(request));
     }
@@ -134,21 +135,22 @@ private:
     struct attempt;
 
     struct state {
-        state(rpc_type& r, dht_type& d, std::optional<endpoint_type> a, matchmaking_options o)
+        state(rpc_node_type& r, dht_node_type& d, std::optional<endpoint_type> a,
+              matchmaking_options o)
             : rpc(&r)
             , dht(&d)
             , executor(r.get_executor())
             , announce(std::move(a))
             , options(std::move(o)) {}
-        rpc_type* rpc;
-        dht_type* dht;
+        rpc_node_type* rpc;
+        dht_node_type* dht;
         asio::any_io_executor executor;
         std::optional<endpoint_type> announce;
         matchmaking_options options;
         std::shared_ptr<attempt> current;
         std::uint64_t searches = 0;
 
-        time_point now() const { return net::detail::transport_now<Transport>(executor); }
+        time_point now() const { return net::transport_now<Transport>(executor); }
         member_wire self(const match_request& r) const {
             member_wire m{r.role, r.bandwidth, std::nullopt, r.metadata};
             if (announce && r.role != member_role::client)
@@ -200,8 +202,8 @@ private:
         bool finished = false;
         std::error_code stopped;
         net::call_stream* outgoing = nullptr;
-        net::detail::wakeup progress; ///< the search loop: a follower came, or stop
-        std::vector<net::detail::wakeup*> handler_wakeups; ///< join handlers waiting on us
+        wakeup progress;                      ///< the search loop: a follower came, or stop
+        std::vector<wakeup*> handler_wakeups; ///< join handlers waiting on us
         timer_type idle;
 
         bool before(time_point other_expiration, const crypto::peer_id& other) const {
@@ -320,13 +322,12 @@ private:
         byte_buffer value;
         if (!withdraw) {
             binary_writer w(value);
-            dht::detail::write_address(w, Transport::to_address(*st->announce));
+            Transport::to_address(*st->announce).write_without_peer(w);
         }
         const auto& id = st->rpc->id().bytes();
         const time_point expiration = withdraw ? a.expiration + duration(1) : a.expiration;
         auto [ec, outcome] =
-            co_await st->dht->async_store(as_bytes(a.key), byte_view(id), value, expiration,
-                                          asio::experimental::as_tuple(asio::use_awaitable));
+            co_await st->dht->async_store(as_bytes(a.key), byte_view(id), value, expiration);
         if (ec) log::debug("matchmaking", "declaration under ", a.key, ": ", ec.message());
     }
 
@@ -334,8 +335,7 @@ private:
     static asio::awaitable<std::vector<candidate>> fetch(state_ptr st, attempt& a) {
         dht::get_options options;
         options.latest = true;
-        auto [ec, entry] = co_await st->dht->async_get(
-            as_bytes(a.key), options, asio::experimental::as_tuple(asio::use_awaitable));
+        auto [ec, entry] = co_await st->dht->async_get(as_bytes(a.key), options);
         std::vector<candidate> out;
         if (ec) co_return out;
         const time_point now = st->now();
@@ -352,7 +352,7 @@ private:
                 !(std::pair(value.expiration, id) < std::pair(a.expiration, st->rpc->id())))
                 continue;
             binary_reader reader(value.value);
-            auto address = dht::detail::read_address(reader);
+            auto address = net::peer_address::read_without_peer(reader);
             if (reader.finish() || !Transport::to_endpoint(address)) continue;
             out.push_back({value.expiration, id, std::move(address)});
         }
@@ -370,7 +370,7 @@ private:
                                                                std::optional<suggestion>& next) {
         const auto& o = st->options;
         const auto endpoint = Transport::to_endpoint(c.address);
-        const typename rpc_type::peer target{c.id, *endpoint};
+        const typename rpc_node_type::peer target{c.id, *endpoint};
         const duration limit =
             std::max<duration>(c.expiration - st->now(), duration::zero()) + o.group_slack;
         a->requesting = true;
@@ -513,11 +513,11 @@ private:
             co_return co_await respond(stream, join_status::not_declared);
 
         // Wait while our own request to a leader is under way.
-        net::detail::wakeup changed(st->executor);
+        wakeup changed(st->executor);
         a->handler_wakeups.push_back(&changed);
         struct unlist {
             attempt* a;
-            net::detail::wakeup* w;
+            wakeup* w;
             ~unlist() { std::erase(a->handler_wakeups, w); }
         } guard{a.get(), &changed};
         {
@@ -568,7 +568,8 @@ private:
 } // namespace hivemesh::averaging
 
 // With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
-// instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp, not in every translation unit.
+// instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp, not in
+// every translation unit.
 #if defined(HIVEMESH_SEPARATE_COMPILATION)
 #include "hivemesh/net/sim.hpp"
 #include "hivemesh/net/tcp.hpp"

@@ -128,8 +128,8 @@ namespace detail {
 inline void write_member(binary_writer& w, const member_wire& m) {
     w.write(static_cast<std::uint8_t>(m.role));
     w.write_f64(m.bandwidth);
-    dht::detail::write_flag(w, m.address.has_value());
-    if (m.address) dht::detail::write_address(w, *m.address);
+    w.write_flag(m.address.has_value());
+    if (m.address) m.address->write_without_peer(w);
     w.write_sized_bytes(m.metadata);
 }
 
@@ -139,7 +139,7 @@ inline void read_member(binary_reader& r, member_wire& m, const matchmaking_limi
     m.role = static_cast<member_role>(role);
     m.bandwidth = r.read_f64();
     if (r.ok() && !(std::isfinite(m.bandwidth) && m.bandwidth >= 0)) r.fail(errc::corrupt_data);
-    if (dht::detail::read_flag(r) && r.ok()) m.address = dht::detail::read_address(r);
+    if (r.read_flag() && r.ok()) m.address = net::peer_address::read_without_peer(r);
     m.metadata = to_buffer(r.read_sized_bytes(limits.max_metadata));
 }
 
@@ -181,18 +181,18 @@ inline std::error_code decode(byte_view in, join_request& m,
 namespace detail {
 
 inline void write_leader(binary_writer& w, const std::optional<suggested_leader>& leader) {
-    dht::detail::write_flag(w, leader.has_value());
+    w.write_flag(leader.has_value());
     if (leader) {
         write_peer_id(w, leader->first);
-        dht::detail::write_address(w, leader->second);
+        leader->second.write_without_peer(w);
     }
 }
 
 inline void read_leader(binary_reader& r, std::optional<suggested_leader>& leader) {
     leader.reset();
-    if (dht::detail::read_flag(r) && r.ok()) {
+    if (r.read_flag() && r.ok()) {
         auto id = read_peer_id(r);
-        auto address = dht::detail::read_address(r);
+        auto address = net::peer_address::read_without_peer(r);
         if (r.ok()) leader.emplace(id, std::move(address));
     }
 }

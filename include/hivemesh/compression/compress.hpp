@@ -39,9 +39,20 @@ struct limits {
     unsigned threads = 1;
 };
 
+/// True for the codecs that cannot represent NaN or infinity and refuse such input (every
+/// codec but none and float16).
+constexpr bool refuses_non_finite(kind k) noexcept {
+    return k != kind::none && k != kind::float16;
+}
+
+/// True when no element is NaN or infinite (AVX2 where the CPU has it).
+inline bool all_finite(std::span<const float> values) noexcept {
+    return detail::all_finite(values);
+}
+
 /// Exact size in bytes of `count` elements compressed with `k`.
 inline std::size_t compressed_size(kind k, std::size_t count, const options& opts = {}) noexcept {
-    return detail::header_size +
+    return header_size +
            detail::payload_size(k, count, {opts.block_size, opts.row_length, opts.threads});
 }
 
@@ -60,10 +71,6 @@ inline std::error_code check_options(kind k, std::size_t count, const options& o
     return {};
 }
 
-constexpr bool refuses_non_finite(kind k) noexcept {
-    return k != kind::none && k != kind::float16;
-}
-
 } // namespace detail
 
 /// Checks `opts` and `values` for codec `k`; returns invalid_argument for a bad block size
@@ -76,7 +83,7 @@ constexpr bool refuses_non_finite(kind k) noexcept {
 inline std::error_code validate(kind k, std::span<const float> values,
                                 const options& opts) noexcept {
     if (auto ec = detail::check_options(k, values.size(), opts)) return ec;
-    if (detail::refuses_non_finite(k) && !detail::all_finite(values)) return errc::non_finite_input;
+    if (refuses_non_finite(k) && !detail::all_finite(values)) return errc::non_finite_input;
     return {};
 }
 
@@ -85,13 +92,13 @@ inline std::error_code compress_into(kind k, std::span<const float> values, byte
                                      const options& opts = {}) {
     if (auto ec = detail::check_options(k, values.size(), opts)) return ec;
     // blockwise_8bit sees a non-finite value in its block scales: no separate pass.
-    if (detail::refuses_non_finite(k) && k != kind::blockwise_8bit && !detail::all_finite(values))
+    if (refuses_non_finite(k) && k != kind::blockwise_8bit && !detail::all_finite(values))
         return errc::non_finite_input;
     const detail::encode_params params{opts.block_size, opts.row_length, opts.threads};
     const std::size_t payload = detail::payload_size(k, values.size(), params);
     const std::size_t start = out.size();
     try {
-        out.reserve(start + detail::header_size + payload);
+        out.reserve(start + header_size + payload);
         binary_writer writer(out);
         detail::write_header(writer, {k, opts.original, values.size()});
         if (k == kind::none && params.threads <= 1) { // one copy, without zero-filling first

@@ -13,6 +13,9 @@
 
 namespace hivemesh::compression {
 
+/// Bytes of the header every compressed buffer starts with.
+inline constexpr std::size_t header_size = 16;
+
 /// What a compressed buffer says about itself.
 struct header {
     kind codec = kind::none;
@@ -24,7 +27,6 @@ namespace detail {
 
 inline constexpr std::uint16_t format_magic = 0x4D48;
 inline constexpr std::uint8_t format_version = 1;
-inline constexpr std::size_t header_size = 16;
 
 inline void write_header(binary_writer& w, const header& h) {
     w.write(format_magic);

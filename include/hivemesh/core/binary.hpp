@@ -21,8 +21,8 @@ namespace hivemesh {
 static_assert(std::endian::native == std::endian::little ||
               std::endian::native == std::endian::big);
 
-namespace detail {
-
+/// `value` in little-endian byte order (a no-op on little-endian machines); the same call
+/// converts back.
 template <std::integral T>
 constexpr T byteswap_if_big(T value) noexcept {
     if constexpr (std::endian::native == std::endian::big && sizeof(T) > 1) {
@@ -38,7 +38,19 @@ constexpr T byteswap_if_big(T value) noexcept {
     }
 }
 
-} // namespace detail
+/// Stores `value` as 4 little-endian bytes at `out`.
+inline void store_le32(std::byte* out, std::uint32_t value) noexcept {
+    for (int i = 0; i < 4; ++i)
+        out[i] = static_cast<std::byte>((value >> (8 * i)) & 0xFF);
+}
+
+/// Loads 4 little-endian bytes at `in`.
+inline std::uint32_t load_le32(const std::byte* in) noexcept {
+    std::uint32_t value = 0;
+    for (int i = 0; i < 4; ++i)
+        value |= static_cast<std::uint32_t>(in[i]) << (8 * i);
+    return value;
+}
 
 /// Appends little-endian fields to a byte buffer it does not own.
 class binary_writer {
@@ -48,7 +60,7 @@ public:
 
     template <std::integral T>
     void write(T value) {
-        const T le = detail::byteswap_if_big(value);
+        const T le = byteswap_if_big(value);
         append(&le, sizeof le);
     }
     void write_f32(float value) { write(std::bit_cast<std::uint32_t>(value)); }
@@ -65,6 +77,8 @@ public:
         write_bytes(bytes);
     }
     void write_string(std::string_view s) { write_sized_bytes(as_bytes(s)); }
+    /// One byte, 0 or 1.
+    void write_flag(bool flag) { write(static_cast<std::uint8_t>(flag ? 1 : 0)); }
 
     /// Reserves `n` bytes at the end and returns a pointer to them, for in-place encoding.
     std::byte* grow(std::size_t n) {
@@ -95,7 +109,7 @@ public:
         T value{};
         if (!take(sizeof value)) return T{};
         std::memcpy(&value, input_.data() + pos_ - sizeof value, sizeof value);
-        return detail::byteswap_if_big(value);
+        return byteswap_if_big(value);
     }
     float read_f32() noexcept { return std::bit_cast<float>(read<std::uint32_t>()); }
     double read_f64() noexcept { return std::bit_cast<double>(read<std::uint64_t>()); }
@@ -114,6 +128,12 @@ public:
     }
     std::string read_string(std::size_t max_length) {
         return std::string(as_string_view(read_sized_bytes(max_length)));
+    }
+    /// One byte, 0 or 1; any other value fails with corrupt_data.
+    bool read_flag() noexcept {
+        const auto flag = read<std::uint8_t>();
+        if (flag > 1) fail(errc::corrupt_data);
+        return flag == 1;
     }
 
     /// Reads a u64 element count and checks, before anything is allocated, that it is at

@@ -47,10 +47,12 @@ enum class errc : int {
     too_few_peers, ///< no group of at least the minimum size could be formed in time
     unknown_group, ///< the message names a group this peer is not averaging with
     not_a_donor,   ///< the peer does not serve state (any more)
+    // core
+    internal_error, ///< an exception escaped an operation: a bug or exhausted memory (logged)
 };
 
 /// The largest errc value (the wire carries errc values; decoders refuse larger ones).
-inline constexpr errc last_errc = errc::not_a_donor;
+inline constexpr errc last_errc = errc::internal_error;
 
 namespace detail {
 
@@ -127,6 +129,8 @@ public:
             return "unknown averaging group";
         case errc::not_a_donor:
             return "peer does not serve state";
+        case errc::internal_error:
+            return "internal error (see the log)";
         }
         return "unknown hivemesh error";
     }

@@ -37,6 +37,8 @@ namespace detail {
 inline constexpr std::string_view base58_alphabet =
     "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz";
 
+} // namespace detail
+
 /// Base58 of a big-endian number, one '1' per leading zero byte.
 inline std::string base58_encode(byte_view bytes) {
     std::size_t zeros = 0;
@@ -57,7 +59,7 @@ inline std::string base58_encode(byte_view bytes) {
     }
     std::string out(zeros, '1');
     for (std::size_t i = length; i-- > 0;)
-        out.push_back(base58_alphabet[static_cast<unsigned char>(digits[i])]);
+        out.push_back(detail::base58_alphabet[static_cast<unsigned char>(digits[i])]);
     return out;
 }
 
@@ -67,7 +69,7 @@ inline bool base58_decode(std::string_view text, std::span<std::byte> out) {
     std::fill(out.begin(), out.end(), std::byte{0});
     if (text.empty() || text.size() > out.size() * 2) return false;
     for (char c : text) {
-        const auto digit = base58_alphabet.find(c);
+        const auto digit = detail::base58_alphabet.find(c);
         if (digit == std::string_view::npos) return false;
         auto carry = static_cast<unsigned>(digit);
         for (std::size_t i = out.size(); i-- > 0;) {
@@ -80,8 +82,6 @@ inline bool base58_decode(std::string_view text, std::span<std::byte> out) {
     // Canonical form only: re-encoding must give the same text.
     return base58_encode(out) == text;
 }
-
-} // namespace detail
 
 /// The identity of a peer: BLAKE2b-256 of its Ed25519 public key.
 class peer_id {
@@ -108,7 +108,7 @@ public:
     static std::optional<peer_id> parse(std::string_view text) noexcept {
         bytes_type bytes{};
         try {
-            if (!detail::base58_decode(text, bytes)) return std::nullopt;
+            if (!base58_decode(text, bytes)) return std::nullopt;
         } catch (const std::bad_alloc&) {
             return std::nullopt;
         }
@@ -124,14 +124,15 @@ public:
         return *id;
     }
 
-    std::string to_string() const { return detail::base58_encode(bytes_); }
+    std::string to_string() const { return base58_encode(bytes_); }
     /// The first characters of to_string(), for logs.
     std::string short_string() const { return to_string().substr(0, 10); }
 
     const bytes_type& bytes() const noexcept { return bytes_; }
     byte_view view() const noexcept { return bytes_; }
     bool is_zero() const noexcept {
-        return std::all_of(bytes_.begin(), bytes_.end(), [](std::byte b) { return b == std::byte{0}; });
+        return std::all_of(bytes_.begin(), bytes_.end(),
+                           [](std::byte b) { return b == std::byte{0}; });
     }
 
     friend auto operator<=>(const peer_id&, const peer_id&) = default;

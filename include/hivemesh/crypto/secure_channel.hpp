@@ -202,18 +202,6 @@ inline symmetric_key derive_key(std::span<const unsigned char, 64> prk, std::str
     return key;
 }
 
-inline void write_le32(std::byte* out, std::uint32_t value) noexcept {
-    for (int i = 0; i < 4; ++i)
-        out[i] = static_cast<std::byte>((value >> (8 * i)) & 0xFF);
-}
-
-inline std::uint32_t read_le32(const std::byte* in) noexcept {
-    std::uint32_t value = 0;
-    for (int i = 0; i < 4; ++i)
-        value |= static_cast<std::uint32_t>(in[i]) << (8 * i);
-    return value;
-}
-
 inline void validate(const secure_options& options) {
     if (options.max_record_size < 1 + record_tag_size ||
         options.max_record_size > std::numeric_limits<std::uint32_t>::max())
@@ -446,8 +434,7 @@ private:
         const bool rotate = suite() != cipher::plaintext && type == record_type::data &&
                             (records_under_key_ + 1 >= rekey_records_ ||
                              payload_size >= rekey_bytes_ - bytes_under_key_);
-        detail::write_le32(prefix.data(),
-                           static_cast<std::uint32_t>(1 + payload_size + tag_size()));
+        store_le32(prefix.data(), static_cast<std::uint32_t>(1 + payload_size + tag_size()));
         prefix[header_size] = static_cast<std::byte>(static_cast<std::uint8_t>(type) |
                                                      (rotate ? detail::record_key_update_flag : 0));
         return rotate;
@@ -503,9 +490,9 @@ public:
         if (buffered.empty()) return {};
         if (closed_) return fail(errc::protocol_violation);
         if (buffered.size() < header_size) return {};
-        const auto ec = check_length(detail::read_le32(buffered.data()));
+        const auto ec = check_length(load_le32(buffered.data()));
         if (ec) return ec;
-        record_size = header_size + detail::read_le32(buffered.data());
+        record_size = header_size + load_le32(buffered.data());
         return {};
     }
 
@@ -522,7 +509,7 @@ public:
         if (closed_) return fail(errc::protocol_violation);
         if (record.size() < header_size)
             throw std::invalid_argument("hivemesh::crypto::record_opener: incomplete record");
-        const std::uint32_t length = detail::read_le32(record.data());
+        const std::uint32_t length = load_le32(record.data());
         if (const auto ec = check_length(length)) return ec;
         if (record.size() != header_size + length)
             throw std::invalid_argument("hivemesh::crypto::record_opener: record span must be "
@@ -554,7 +541,7 @@ public:
         if (prefix.size() <= header_size || prefix.size() > record_size)
             throw std::invalid_argument("hivemesh::crypto::record_opener: prefix span must hold "
                                         "the header, the type byte and at most the record");
-        const std::uint32_t length = detail::read_le32(prefix.data());
+        const std::uint32_t length = load_le32(prefix.data());
         if (const auto ec = check_length(length)) return ec;
         if (record_size != header_size + length)
             throw std::invalid_argument("hivemesh::crypto::record_opener: record_size must be "

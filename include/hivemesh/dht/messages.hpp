@@ -167,10 +167,6 @@ inline void write_header(binary_writer& w, message_type type) {
     w.write(static_cast<std::uint8_t>(type));
 }
 
-inline void write_flag(binary_writer& w, bool flag) {
-    w.write(static_cast<std::uint8_t>(flag ? 1 : 0));
-}
-
 inline void write_time(binary_writer& w, time_point t) {
     w.write(static_cast<std::int64_t>(t.time_since_epoch().count()));
 }
@@ -186,15 +182,9 @@ inline void write_count(binary_writer& w, std::size_t count, std::size_t max, co
     w.write(static_cast<std::uint32_t>(count));
 }
 
-inline void write_address(binary_writer& w, const net::peer_address& address) {
-    // The PeerId is sent beside the address or proven by the connection, never twice.
-    if (address.peer) refuse_encoding("address carries a PeerId");
-    address.write(w); // throws invalid_argument for an invalid host
-}
-
 inline void write_sender(binary_writer& w, const sender_info& from) {
-    write_flag(w, from.listen.has_value());
-    if (from.listen) write_address(w, *from.listen);
+    w.write_flag(from.listen.has_value());
+    if (from.listen) from.listen->write_without_peer(w);
 }
 
 inline void write_stored_value(binary_writer& w, const stored_value& v,
@@ -208,12 +198,12 @@ inline void write_store_item(binary_writer& w, const store_item& item,
                              const message_limits& limits) {
     const record& r = item.item;
     write_sized(w, r.key, limits.max_key_size, "key too large");
-    write_flag(w, r.subkey.has_value());
+    w.write_flag(r.subkey.has_value());
     if (r.subkey) write_sized(w, *r.subkey, limits.max_subkey_size, "subkey too large");
     write_sized(w, r.value, limits.max_value_size, "value too large");
     write_time(w, r.expiration);
     write_sized(w, r.signature, limits.max_signature_size, "signature too large");
-    write_flag(w, item.in_cache);
+    w.write_flag(item.in_cache);
 }
 
 inline void write_key_entry(binary_writer& w, const key_entry& entry,
@@ -221,7 +211,7 @@ inline void write_key_entry(binary_writer& w, const key_entry& entry,
     if (entry.plain && !entry.dictionary.empty())
         refuse_encoding("key_entry has both a plain value and a dictionary");
     write_sized(w, entry.key, limits.max_key_size, "key too large");
-    write_flag(w, entry.plain.has_value());
+    w.write_flag(entry.plain.has_value());
     if (entry.plain) write_stored_value(w, *entry.plain, limits);
     write_count(w, entry.dictionary.size(), limits.max_subkeys, "too many subkeys");
     for (const auto& [subkey, value] : entry.dictionary) { // std::map order: canonical
@@ -232,19 +222,13 @@ inline void write_key_entry(binary_writer& w, const key_entry& entry,
 
 inline void write_find_result(binary_writer& w, const find_result& result,
                               const message_limits& limits) {
-    write_flag(w, result.entry.has_value());
+    w.write_flag(result.entry.has_value());
     if (result.entry) write_key_entry(w, *result.entry, limits);
     write_count(w, result.nearest.size(), limits.max_peers, "too many peers");
     for (const auto& p : result.nearest) {
         w.write_bytes(p.peer.view());
-        write_address(w, p.address);
+        p.address.write_without_peer(w);
     }
-}
-
-inline bool read_flag(binary_reader& r) noexcept {
-    const auto flag = r.read<std::uint8_t>();
-    if (flag > 1) r.fail(errc::corrupt_data);
-    return flag == 1;
 }
 
 inline time_point read_time(binary_reader& r) noexcept {
@@ -264,23 +248,8 @@ inline std::size_t read_count(binary_reader& r, std::size_t min_element_size,
     return count;
 }
 
-inline net::peer_address read_address(binary_reader& r) {
-    const byte_view ahead = r.rest();
-    net::peer_address address = net::peer_address::read(r);
-    if (!r.ok()) return {};
-    // read() accepts any spelling and stores the canonical one; only that one may travel,
-    // or the same address would have several encodings.
-    const auto host_length = static_cast<std::size_t>(ahead[1]);
-    const std::string_view wire_host = as_string_view(ahead.subspan(2, host_length));
-    if (address.peer || wire_host != address.host) {
-        r.fail(errc::corrupt_data);
-        return {};
-    }
-    return address;
-}
-
 inline void read_sender(binary_reader& r, sender_info& out) {
-    if (read_flag(r) && r.ok()) out.listen = read_address(r);
+    if (r.read_flag() && r.ok()) out.listen = net::peer_address::read_without_peer(r);
 }
 
 inline void read_stored_value(binary_reader& r, const message_limits& limits, stored_value& out) {
@@ -292,19 +261,19 @@ inline void read_stored_value(binary_reader& r, const message_limits& limits, st
 inline void read_store_item(binary_reader& r, const message_limits& limits, store_item& out) {
     record& rec = out.item;
     read_sized(r, limits.max_key_size, rec.key);
-    if (read_flag(r) && r.ok()) {
+    if (r.read_flag() && r.ok()) {
         rec.subkey.emplace();
         read_sized(r, limits.max_subkey_size, *rec.subkey);
     }
     read_sized(r, limits.max_value_size, rec.value);
     rec.expiration = read_time(r);
     read_sized(r, limits.max_signature_size, rec.signature);
-    out.in_cache = read_flag(r);
+    out.in_cache = r.read_flag();
 }
 
 inline void read_key_entry(binary_reader& r, const message_limits& limits, key_entry& out) {
     read_sized(r, limits.max_key_size, out.key);
-    if (read_flag(r) && r.ok()) {
+    if (r.read_flag() && r.ok()) {
         out.plain.emplace();
         read_stored_value(r, limits, *out.plain);
     }
@@ -332,7 +301,7 @@ inline void read_key_entry(binary_reader& r, const message_limits& limits, key_e
 }
 
 inline void read_find_result(binary_reader& r, const message_limits& limits, find_result& out) {
-    if (read_flag(r) && r.ok()) {
+    if (r.read_flag() && r.ok()) {
         out.entry.emplace();
         read_key_entry(r, limits, *out.entry);
     }
@@ -343,7 +312,7 @@ inline void read_find_result(binary_reader& r, const message_limits& limits, fin
         if (!r.ok()) return;
         crypto::peer_id::bytes_type bytes;
         std::copy(peer.begin(), peer.end(), bytes.begin());
-        net::peer_address address = read_address(r);
+        net::peer_address address = net::peer_address::read_without_peer(r);
         if (!r.ok()) return;
         out.nearest.push_back({crypto::peer_id(bytes), std::move(address)});
     }

@@ -17,6 +17,7 @@
 // on an io thread (they fail with errc::wrong_thread instead of deadlocking).
 #pragma once
 
+#include "hivemesh/core/async.hpp"
 #include "hivemesh/core/bytes.hpp"
 #include "hivemesh/core/clock.hpp"
 #include "hivemesh/core/error.hpp"
@@ -124,16 +125,6 @@ struct node_statistics {
 
 namespace detail {
 
-/// True if the calling thread is running `ex` (an io_context executor or a strand of one).
-inline bool running_in_this_thread(const asio::any_io_executor& ex) {
-    using io_executor = asio::io_context::executor_type;
-    if (const auto* io = ex.target<io_executor>()) return io->running_in_this_thread();
-    if (const auto* s = ex.target<asio::strand<io_executor>>()) return s->running_in_this_thread();
-    if (const auto* s = ex.target<asio::strand<asio::any_io_executor>>())
-        return s->running_in_this_thread();
-    return false;
-}
-
 /// Merges `incoming` into `merged` with the storage rules: a strictly later expiration
 /// wins, dictionaries merge subkey by subkey, and the kind changes only for a value
 /// later than everything held.
@@ -173,19 +164,24 @@ inline std::vector<record> records_of(const key_entry& entry) {
 
 /// A DHT node. Owns its routing table and storage; uses (does not own) an RPC node, which
 /// must outlive it and serve on the endpoint announced here.
-template <class Transport>
+///
+/// Every async_ operation runs as one coroutine on the node's executor (hivemesh::co_launch)
+/// and completes with the signature its comment names. Cancellation: emitting the token's
+/// cancellation slot (any type) cancels the requests the operation is waiting for, and it
+/// completes with cancelled and an empty result; so does close().
+template <net::transport Transport>
 class node {
 public:
-    using rpc_node = net::node<Transport>;
+    using rpc_node_type = net::node<Transport>;
     using endpoint_type = typename Transport::endpoint_type;
     using timer_type = typename Transport::timer_type;
     using contact_type = contact<endpoint_type>;
-    using peer = typename rpc_node::peer;
+    using peer = typename rpc_node_type::peer;
 
     /// Registers the DHT methods on `rpc` (unless `announce` is empty: client mode, where
     /// the node asks but serves nothing and nobody adds it to a routing table) and starts
     /// the maintenance loop. `announce` is where other nodes reach `rpc`.
-    node(rpc_node& rpc, std::optional<endpoint_type> announce, node_options options = {})
+    node(rpc_node_type& rpc, std::optional<endpoint_type> announce, node_options options = {})
         : state_(std::make_shared<state>(rpc, std::move(announce), std::move(options))) {
         if (state_->options.alpha == 0 || state_->options.num_replicas == 0 ||
             state_->options.max_keys_per_request == 0)
@@ -213,8 +209,8 @@ public:
     /// Contacts `initial` peers, then looks up our own id and refreshes the buckets, so the
     /// routing table fills. The peers are remembered and contacted again periodically.
     /// Completion: void(std::error_code); no_peers if none of them answered.
-    template <class Token>
-    auto async_bootstrap(std::vector<peer> initial, Token&& token) {
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code)) Token = default_token_t>
+    auto async_bootstrap(std::vector<peer> initial, Token&& token = default_token_t{}) {
         return run<void(std::error_code)>(std::forward<Token>(token),
                                           [initial = std::move(initial)](state_ptr st) mutable {
                                               return bootstrap(std::move(st), std::move(initial));
@@ -225,8 +221,9 @@ public:
     /// ones). Completion: void(std::error_code, std::vector<store_outcome>) with one
     /// outcome per record; the error is no_peers (client with an empty table) or
     /// cancelled/connection_closed when the node closes.
-    template <class Token>
-    auto async_store_many(std::vector<record> records, Token&& token) {
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, std::vector<store_outcome>))
+                  Token = default_token_t>
+    auto async_store_many(std::vector<record> records, Token&& token = default_token_t{}) {
         return run<void(std::error_code, std::vector<store_outcome>)>(
             std::forward<Token>(token), [records = std::move(records)](state_ptr st) mutable {
                 return store_records(std::move(st), std::move(records));
@@ -235,23 +232,27 @@ public:
 
     /// Stores one record. Completion: void(std::error_code, store_outcome); the error is
     /// store_refused when no node accepted it (the outcome says why).
-    template <class Token>
-    auto async_store(record r, Token&& token) {
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, store_outcome))
+                  Token = default_token_t>
+    auto async_store(record r, Token&& token = default_token_t{}) {
         return run<void(std::error_code, store_outcome)>(
             std::forward<Token>(token), [r = std::move(r)](state_ptr st) mutable {
                 return store_one(std::move(st), std::move(r));
             });
     }
     /// Stores `value` under `key` until `expiration`.
-    template <class Token>
-    auto async_store(byte_view key, byte_view value, time_point expiration, Token&& token) {
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, store_outcome))
+                  Token = default_token_t>
+    auto async_store(byte_view key, byte_view value, time_point expiration,
+                     Token&& token = default_token_t{}) {
         return async_store(record{to_buffer(key), std::nullopt, to_buffer(value), expiration, {}},
                            std::forward<Token>(token));
     }
     /// Stores `value` under `subkey` of the dictionary at `key` until `expiration`.
-    template <class Token>
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, store_outcome))
+                  Token = default_token_t>
     auto async_store(byte_view key, byte_view subkey, byte_view value, time_point expiration,
-                     Token&& token) {
+                     Token&& token = default_token_t{}) {
         return async_store(
             record{to_buffer(key), to_buffer(subkey), to_buffer(value), expiration, {}},
             std::forward<Token>(token));
@@ -259,8 +260,10 @@ public:
 
     /// Finds the values of `keys`. Completion: void(std::error_code,
     /// std::vector<std::optional<key_entry>>), one per key (nullopt: no node has it).
-    template <class Token>
-    auto async_get_many(std::vector<byte_buffer> keys, get_options options, Token&& token) {
+    template <ASIO_COMPLETION_TOKEN_FOR(void(
+                  std::error_code, std::vector<std::optional<key_entry>>)) Token = default_token_t>
+    auto async_get_many(std::vector<byte_buffer> keys, get_options options,
+                        Token&& token = default_token_t{}) {
         return run<void(std::error_code, std::vector<std::optional<key_entry>>)>(
             std::forward<Token>(token), [keys = std::move(keys), options](state_ptr st) mutable {
                 return get_keys(std::move(st), std::move(keys), options);
@@ -269,8 +272,8 @@ public:
 
     /// Finds the value of `key`. Completion: void(std::error_code, key_entry); not_found if
     /// no node has a live value.
-    template <class Token>
-    auto async_get(byte_view key, get_options options, Token&& token) {
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, key_entry)) Token = default_token_t>
+    auto async_get(byte_view key, get_options options, Token&& token = default_token_t{}) {
         return run<void(std::error_code, key_entry)>(
             std::forward<Token>(token), [key = to_buffer(key), options](state_ptr st) mutable {
                 return get_one(std::move(st), std::move(key), options);
@@ -280,8 +283,9 @@ public:
     /// The `count` nodes nearest to `target` that answered a lookup, nearest first (this
     /// node included unless it is a client). Completion: void(std::error_code,
     /// std::vector<contact_type>).
-    template <class Token>
-    auto async_find_nearest(dht::id target, std::size_t count, Token&& token) {
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, std::vector<contact_type>))
+                  Token = default_token_t>
+    auto async_find_nearest(dht::id target, std::size_t count, Token&& token = default_token_t{}) {
         return run<void(std::error_code, std::vector<contact_type>)>(
             std::forward<Token>(token),
             [target, count](state_ptr st) { return find_nearest(std::move(st), target, count); });
@@ -342,8 +346,8 @@ public:
     const node_statistics& statistics() const noexcept { return state_->stats; }
     /// Runs the republish step now (the maintenance loop does it every republish_interval).
     /// Completion: void(std::error_code).
-    template <class Token>
-    auto async_republish(Token&& token) {
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code)) Token = default_token_t>
+    auto async_republish(Token&& token = default_token_t{}) {
         return run<void(std::error_code)>(std::forward<Token>(token),
                                           [](state_ptr st) { return republish(std::move(st)); });
     }
@@ -364,7 +368,7 @@ private:
     };
 
     struct state {
-        state(rpc_node& r, std::optional<endpoint_type> a, node_options o)
+        state(rpc_node_type& r, std::optional<endpoint_type> a, node_options o)
             : rpc(&r)
             , executor(r.get_executor())
             , self(dht::id::of_peer(r.id()))
@@ -383,9 +387,9 @@ private:
             return seed;
         }
 
-        time_point now() const { return net::detail::transport_now<Transport>(executor); }
+        time_point now() const { return net::transport_now<Transport>(executor); }
 
-        rpc_node* rpc;
+        rpc_node_type* rpc;
         asio::any_io_executor executor;
         dht::id self;
         std::optional<endpoint_type> announce;
@@ -411,37 +415,19 @@ private:
     // ---- plumbing ----------------------------------------------------------------------
 
     /// Runs `make(state)` (a coroutine) on the node's executor and completes `token` with
-    /// its result; the cancellation slot of the token cancels the coroutine.
+    /// its result, under the policy of hivemesh::co_launch.
     template <class Signature, class Token, class Make>
     auto run(Token&& token, Make make) {
         return asio::async_initiate<Token, Signature>(
             [st = state_](auto handler, Make make) mutable {
-                auto slot = asio::get_associated_cancellation_slot(handler);
-                asio::co_spawn(st->executor, make(st),
-                               asio::bind_cancellation_slot(
-                                   slot, [handler = std::move(handler)](std::exception_ptr failure,
-                                                                        auto... results) mutable {
-                                       complete(std::move(handler), failure, std::move(results)...);
-                                   }));
+                co_launch(st->executor, make(st), std::move(handler), "dht::node");
             },
             token, std::move(make));
     }
 
-    // A coroutine's result is either an error_code, or a pair (error_code, value).
-    template <class Handler>
-    static void complete(Handler handler, std::exception_ptr failure, std::error_code ec) {
-        std::move(handler)(failure ? make_error_code(errc::cancelled) : ec);
-    }
-    template <class Handler, class Value>
-    static void complete(Handler handler, std::exception_ptr failure,
-                         std::pair<std::error_code, Value> result) {
-        if (failure) result = {make_error_code(errc::cancelled), Value{}};
-        std::move(handler)(result.first, std::move(result.second));
-    }
-
     template <class Future>
     auto block(Future future) {
-        if (detail::running_in_this_thread(state_->executor))
+        if (running_in_this_thread(state_->executor))
             throw std::system_error(errc::wrong_thread,
                                     "hivemesh::dht::node: blocking call on an io thread; use the "
                                     "async_ form there");
@@ -494,8 +480,7 @@ private:
         if (st->closed) co_return net::call_result{errc::cancelled, {}};
         ++st->stats.requests_sent;
         auto [ec, response] = co_await st->rpc->async_call(
-            to_peer(c), std::move(method), std::move(body), st->options.request_timeout,
-            asio::experimental::as_tuple(asio::use_awaitable));
+            to_peer(c), std::move(method), std::move(body), st->options.request_timeout);
         if (st->closed) co_return net::call_result{errc::cancelled, {}};
         if (ec) {
             ++st->stats.requests_failed;
@@ -671,7 +656,7 @@ private:
         std::vector<search> searches;
         std::deque<reply> replies;
         std::size_t in_flight = 0;
-        net::detail::wakeup wake;
+        wakeup wake;
     };
 
     static void add_candidate(const state_ptr& st, search& s, const contact_type& c,
@@ -1026,7 +1011,7 @@ private:
                 : wake(ex) {}
             std::size_t pending = 0;
             std::vector<store_answer> answers;
-            net::detail::wakeup wake;
+            wakeup wake;
         };
         auto collected = std::make_shared<shared>(st->executor);
         constexpr std::size_t max_request_bytes = 4u << 20;

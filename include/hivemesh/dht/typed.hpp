@@ -81,7 +81,7 @@ struct fixed_codec {
             using bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
             fixed_codec<bits>::store(out, std::bit_cast<bits>(value));
         } else if constexpr (wire_integer<T>) {
-            const T le = hivemesh::detail::byteswap_if_big(value);
+            const T le = byteswap_if_big(value);
             std::memcpy(out, &le, sizeof le);
         } else {
             static_assert(std::endian::native == std::endian::little,
@@ -110,7 +110,7 @@ struct fixed_codec {
         } else if constexpr (wire_integer<T>) {
             T le{};
             std::memcpy(&le, in, sizeof le);
-            value = hivemesh::detail::byteswap_if_big(le);
+            value = byteswap_if_big(le);
             return true;
         } else {
             std::memcpy(&value, in, sizeof value);

@@ -54,7 +54,7 @@ inline byte_buffer signing_payload(const record& r) {
 
 /// The marker that protects a key or subkey for `key`: "[owner:" + base58(key) + "]".
 inline std::string owner_marker(const crypto::public_key& key) {
-    return "[owner:" + crypto::detail::base58_encode(key.view()) + "]";
+    return "[owner:" + crypto::base58_encode(key.view()) + "]";
 }
 
 /// The key that owns `r`: nullopt with `ec` clear if `r` is unprotected. Errors
@@ -71,7 +71,7 @@ inline std::optional<crypto::public_key> record_owner(const record& r, std::erro
             const std::size_t end = text.find(']', begin);
             crypto::public_key::bytes_type bytes{};
             if (end == std::string_view::npos ||
-                !crypto::detail::base58_decode(text.substr(begin, end - begin), bytes)) {
+                !crypto::base58_decode(text.substr(begin, end - begin), bytes)) {
                 ec = errc::invalid_argument;
                 return false;
             }

@@ -327,6 +327,33 @@ struct peer_address {
         return result;
     }
 
+    /// Appends the binary form of an address whose PeerId travels beside it or is proven by
+    /// the connection, so never twice. Throws std::system_error(errc::invalid_argument) if
+    /// the address carries a PeerId or is not valid.
+    void write_without_peer(binary_writer& w) const {
+        if (peer)
+            throw std::system_error(errc::invalid_argument,
+                                    "hivemesh: an address sent without its PeerId carries one");
+        write(w);
+    }
+
+    /// Reads what write_without_peer() wrote. Only the canonical spelling of the host is
+    /// accepted, so an address has one encoding; a PeerId, another spelling or anything
+    /// read() refuses fails the reader with corrupt_data (or read()'s error) and returns an
+    /// empty address.
+    static peer_address read_without_peer(binary_reader& r) {
+        const byte_view ahead = r.rest();
+        peer_address address = read(r);
+        if (!r.ok()) return {};
+        const auto host_length = static_cast<std::size_t>(ahead[1]);
+        const std::string_view wire_host = as_string_view(ahead.subspan(2, host_length));
+        if (address.peer || wire_host != address.host) {
+            r.fail(errc::corrupt_data);
+            return {};
+        }
+        return address;
+    }
+
     friend bool operator==(const peer_address&, const peer_address&) = default;
     friend auto operator<=>(const peer_address&, const peer_address&) = default;
     friend std::ostream& operator<<(std::ostream& os, const peer_address& a) {

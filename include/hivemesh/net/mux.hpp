@@ -13,6 +13,7 @@
 // thread of a simulated network); every member is called on it.
 #pragma once
 
+#include "hivemesh/core/async.hpp"
 #include "hivemesh/core/bytes.hpp"
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/core/log.hpp"
@@ -113,24 +114,6 @@ public:
     }
     /// Closes at once; pending reads and writes fail.
     virtual void close() noexcept = 0;
-};
-
-/// Wakes one waiting coroutine; a notification while nobody waits is kept (once).
-class wakeup {
-public:
-    explicit wakeup(const asio::any_io_executor& ex)
-        : channel_(ex, 1) {}
-    void notify() { channel_.try_send(std::error_code{}, true); }
-    /// Completes on notify(); with an error if the awaiting operation was cancelled.
-    asio::awaitable<std::error_code> wait() {
-        auto [ec, unused] =
-            co_await channel_.async_receive(asio::experimental::as_tuple(asio::use_awaitable));
-        co_return ec;
-    }
-
-private:
-    // Asio 1.22's channel needs a value besides the error code.
-    asio::experimental::channel<void(std::error_code, bool)> channel_;
 };
 
 /// The protocol's initial window and stream count until the peer's settings arrive.
@@ -797,8 +780,9 @@ private:
 
     /// Waits in `waiters` until notified; errc::cancelled (and out of the queue) if the
     /// awaiting coroutine is cancelled first.
-    asio::awaitable<std::error_code> wait_in(std::deque<std::shared_ptr<detail::wakeup>>& waiters) {
-        auto waiter = std::make_shared<detail::wakeup>(ex_);
+    asio::awaitable<std::error_code>
+    wait_in(std::deque<std::shared_ptr<hivemesh::wakeup>>& waiters) {
+        auto waiter = std::make_shared<hivemesh::wakeup>(ex_);
         waiters.push_back(waiter);
         const std::error_code cancelled = co_await waiter->wait();
         if (!cancelled) co_return std::error_code{};
@@ -806,7 +790,7 @@ private:
         co_return errc::cancelled;
     }
 
-    static void wake_all(std::deque<std::shared_ptr<detail::wakeup>>& waiters) {
+    static void wake_all(std::deque<std::shared_ptr<hivemesh::wakeup>>& waiters) {
         for (auto& waiter : waiters)
             waiter->notify();
         waiters.clear();
@@ -865,9 +849,9 @@ private:
     std::deque<byte_buffer> control_;
     std::vector<mux_message> retired_; ///< messages out of their outbox, viewed by the write
     std::deque<stream_ptr> ready_;
-    std::deque<std::shared_ptr<detail::wakeup>> open_waiters_;
-    std::deque<std::shared_ptr<detail::wakeup>> settings_waiters_;
-    detail::wakeup writer_wake_;
+    std::deque<std::shared_ptr<hivemesh::wakeup>> open_waiters_;
+    std::deque<std::shared_ptr<hivemesh::wakeup>> settings_waiters_;
+    hivemesh::wakeup writer_wake_;
 
     bool closed_ = false;
     std::error_code close_reason_;

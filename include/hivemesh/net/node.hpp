@@ -9,12 +9,14 @@
 // small call). Handlers must not block: post CPU-heavy work elsewhere and co_await it.
 #pragma once
 
+#include "hivemesh/core/async.hpp"
 #include "hivemesh/core/clock.hpp"
 #include "hivemesh/core/log.hpp"
 #include "hivemesh/crypto/identity.hpp"
 #include "hivemesh/net/mux.hpp"
 #include "hivemesh/net/rpc_wire.hpp"
 #include "hivemesh/net/secure_stream.hpp"
+#include "hivemesh/net/transport.hpp"
 
 #include <asio/async_result.hpp>
 #include <asio/bind_cancellation_slot.hpp>
@@ -221,15 +223,6 @@ inline std::error_code to_rpc_error(std::error_code ec) {
     return errc::connection_closed;
 }
 
-/// The time `Transport`'s clock shows on `executor` (virtual on the simulated network).
-template <class Transport>
-time_point transport_now(const asio::any_io_executor& executor) {
-    if constexpr (std::is_constructible_v<typename Transport::clock_type, asio::any_io_executor>)
-        return typename Transport::clock_type(executor).now();
-    else
-        return typename Transport::clock_type().now();
-}
-
 inline std::uint32_t to_timeout_ms(duration d) {
     const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d).count();
     return static_cast<std::uint32_t>(std::clamp<std::int64_t>(ms, 1, 0xFFFFFFFF));
@@ -238,7 +231,7 @@ inline std::uint32_t to_timeout_ms(duration d) {
 } // namespace detail
 
 /// An RPC node over `Transport` (net::tcp::transport or net::sim::transport).
-template <class Transport>
+template <transport Transport>
 class node {
 public:
     using endpoint_type = typename Transport::endpoint_type;
@@ -287,22 +280,16 @@ public:
     /// (the token's cancellation slot was emitted), unreachable, refused (no such method,
     /// nothing listening), handshake_failed, peer_id_mismatch, connection_closed,
     /// message_too_large, protocol_violation, or the handler's own error code.
-    template <class Token>
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, byte_buffer)) Token = default_token_t>
     auto async_call(peer target, std::string method, byte_buffer request, duration timeout,
-                    Token&& token) {
+                    Token&& token = default_token_t{}) {
         return asio::async_initiate<Token, void(std::error_code, byte_buffer)>(
             [st = state_](auto handler, peer target, std::string method, byte_buffer request,
                           duration timeout) {
-                auto slot = asio::get_associated_cancellation_slot(handler);
-                asio::co_spawn(st->executor,
-                               unary_call(st, std::move(target), std::move(method),
-                                          std::move(request), timeout),
-                               asio::bind_cancellation_slot(slot, [handler = std::move(handler)](
-                                                                      std::exception_ptr failure,
-                                                                      call_result result) mutable {
-                                   if (failure) result = {make_error_code(errc::cancelled), {}};
-                                   std::move(handler)(result.first, std::move(result.second));
-                               }));
+                co_launch(st->executor,
+                          unary_call(st, std::move(target), std::move(method), std::move(request),
+                                     timeout),
+                          std::move(handler), "net::node::async_call");
             },
             token, std::move(target), std::move(method), std::move(request), timeout);
     }
@@ -382,7 +369,7 @@ private:
     };
 
     struct pending_dial {
-        std::vector<std::shared_ptr<detail::wakeup>> waiters;
+        std::vector<std::shared_ptr<wakeup>> waiters;
         std::error_code result;
     };
 
@@ -544,7 +531,7 @@ private:
                 dial = std::make_shared<pending_dial>();
                 asio::co_spawn(st->executor, run_dial(st, target, dial), asio::detached);
             }
-            auto waiter = std::make_shared<detail::wakeup>(st->executor);
+            auto waiter = std::make_shared<wakeup>(st->executor);
             auto pending = dial;
             pending->waiters.push_back(waiter);
             const std::error_code cancelled = co_await waiter->wait();
@@ -605,7 +592,7 @@ private:
             }
             if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) break;
             ++st->statistics.accept_errors;
-            const time_point now = detail::transport_now<Transport>(st->executor);
+            const time_point now = transport_now<Transport>(st->executor);
             if (!last_failure || now - *last_failure > 2 * longest_pause) {
                 log::warning("net", "accept failed: ", ec.message(), "; retrying with pauses");
                 pause = first_pause;

@@ -7,6 +7,7 @@
 // after the handshake the stream is a sequence of records (see secure_channel.hpp).
 #pragma once
 
+#include "hivemesh/core/binary.hpp"
 #include "hivemesh/core/bytes.hpp"
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/crypto/identity.hpp"
@@ -33,8 +34,6 @@
 
 namespace hivemesh::net {
 
-namespace detail {
-
 /// A completion condition for asio::async_write that writes everything, like
 /// asio::transfer_all(), without its 64 KiB cap per write_some: capped, a bulk transfer
 /// costs a syscall and a wake-up of the peer every 64 KiB (4x the sendmsg calls of an
@@ -44,8 +43,6 @@ struct transfer_all_uncapped {
         return error ? 0 : std::numeric_limits<std::size_t>::max();
     }
 };
-
-} // namespace detail
 
 /// Secure session over an owned `Stream`, which must be an Asio AsyncReadStream and
 /// AsyncWriteStream with get_executor() and close(std::error_code&).
@@ -311,8 +308,7 @@ private:
     asio::awaitable<std::error_code> write_frame(byte_view message) {
         const std::size_t size = crypto::record_opener::header_size + message.size();
         if (write_buffer_.size() < size) write_buffer_.resize(size);
-        crypto::detail::write_le32(write_buffer_.data(),
-                                   static_cast<std::uint32_t>(message.size()));
+        store_le32(write_buffer_.data(), static_cast<std::uint32_t>(message.size()));
         std::memcpy(write_buffer_.data() + crypto::record_opener::header_size, message.data(),
                     message.size());
         co_return co_await send(size);
@@ -323,7 +319,7 @@ private:
         constexpr std::size_t header = crypto::record_opener::header_size;
         auto ec = co_await fill(header);
         if (ec) co_return ec;
-        const std::uint32_t length = crypto::detail::read_le32(read_buffer_.data() + read_begin_);
+        const std::uint32_t length = load_le32(read_buffer_.data() + read_begin_);
         if (length == 0 || length > crypto::handshake::max_message_size)
             co_return errc::handshake_failed;
         ec = co_await fill(header + length);
@@ -369,7 +365,7 @@ private:
     template <class ConstBufferSequence>
     asio::awaitable<std::error_code> send_buffers(const ConstBufferSequence& buffers) {
         std::error_code ec;
-        co_await asio::async_write(stream_, buffers, detail::transfer_all_uncapped{},
+        co_await asio::async_write(stream_, buffers, transfer_all_uncapped{},
                                    asio::redirect_error(asio::use_awaitable, ec));
         if (ec) write_error_ = ec;
         co_return ec;

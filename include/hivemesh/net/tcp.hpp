@@ -1,8 +1,7 @@
 // The TCP transport: listeners and dials with deadlines over Asio sockets.
 //
-// It has the same shape as the simulated transport (net/sim.hpp), so components are
-// templates over either: `stream_type`, `listener_type`, `timer_type`, `clock_type`,
-// `endpoint_type`, `executor()`, `listen(endpoint)` and `async_connect(endpoint, token)`.
+// It satisfies net::transport (net/transport.hpp), as the simulated transport does, so
+// components are templates over either.
 // It moves bytes and nothing else: no authentication (the secure session does that), no
 // error mapping (errors are Asio's own codes, which the RPC layer maps).
 //
@@ -19,6 +18,7 @@
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/crypto/peer_id.hpp"
 #include "hivemesh/net/address.hpp"
+#include "hivemesh/net/transport.hpp"
 
 #include <asio.hpp>
 #include <asio/experimental/as_tuple.hpp>
@@ -517,6 +517,8 @@ private:
     executor_type executor_;
     hivemesh::duration connect_timeout_;
 };
+
+static_assert(net::transport<transport>);
 
 } // namespace hivemesh::net::tcp
 

@@ -1,12 +1,12 @@
-// The simulated transport: the per-node face of a sim::network, with the same shape as
-// net::tcp::transport (stream_type, listener_type, timer_type, clock_type, endpoint_type,
-// executor(), listen(endpoint), async_connect(endpoint, token)), so that components written
-// as templates over a transport run on either.
+// The simulated transport: the per-node face of a sim::network. It satisfies net::transport
+// (net/transport.hpp), as net::tcp::transport does, so that components written as templates
+// over a transport run on either.
 #pragma once
 
 #include <hivemesh/net/address.hpp>
 #include <hivemesh/net/sim/network.hpp>
 #include <hivemesh/net/sim/virtual_time.hpp>
+#include <hivemesh/net/transport.hpp>
 
 #include <asio.hpp>
 
@@ -99,5 +99,7 @@ private:
     network* network_;
     node_id node_;
 };
+
+static_assert(net::transport<transport>);
 
 } // namespace hivemesh::net::sim

@@ -1,32 +1,18 @@
-// Helpers shared by the net tests.
+// Bytes for the tests: literal bytes, hex text for messages and exact oracles, and
+// reproducible pseudo-random bytes.
 #pragma once
 
+#include <hivemesh/core/bytes.hpp>
 #include <hivemesh/core/random.hpp>
-#include <hivemesh/crypto/identity.hpp>
 
-#include <array>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <initializer_list>
 #include <string>
 #include <string_view>
 
 namespace hivemesh::test {
-
-/// `size` reproducible pseudo-random bytes.
-inline byte_buffer pattern(std::size_t size, std::uint64_t seed) {
-    random_generator rng(seed);
-    byte_buffer out(size);
-    for (auto& b : out)
-        b = static_cast<std::byte>(rng() & 0xFF);
-    return out;
-}
-
-/// The identity made from a seed of 32 bytes `n`: the same peer in every run.
-inline crypto::identity identity_of(std::uint8_t n) {
-    std::array<std::byte, 32> seed{};
-    seed.fill(std::byte{n});
-    return crypto::identity::from_seed(seed);
-}
 
 /// The bytes with these values (each 0..255), for exact oracles.
 inline byte_buffer bytes_of(std::initializer_list<int> values) {
@@ -51,6 +37,20 @@ inline std::string hex(byte_view b) {
         out += digits;
     }
     return out;
+}
+
+/// `size` bytes drawn from `rng`, one draw each (its low byte).
+inline byte_buffer random_bytes(random_generator& rng, std::size_t size) {
+    byte_buffer out(size);
+    for (auto& b : out)
+        b = static_cast<std::byte>(rng() & 0xFF);
+    return out;
+}
+
+/// `size` reproducible pseudo-random bytes: the same for the same seed in every run.
+inline byte_buffer random_bytes(std::size_t size, std::uint64_t seed) {
+    random_generator rng(seed);
+    return random_bytes(rng, size);
 }
 
 } // namespace hivemesh::test

@@ -40,6 +40,8 @@ struct sim_world {
         return network.time().run_until(done, max);
     }
     void settle() { network.time().run_for(1s); }
+    /// The time the nodes see: virtual.
+    time_point now() const { return network.time().now(); }
 };
 
 /// Loopback TCP in real time.
@@ -77,6 +79,8 @@ struct tcp_world {
             if (io.stopped()) io.restart();
         }
     }
+    /// The time the nodes see: the wall clock.
+    time_point now() const { return transport_type::clock_type().now(); }
 };
 
 } // namespace hivemesh::test

@@ -1,0 +1,218 @@
+// How hivemesh starts its asynchronous operations, their default completion token, and the
+// executor questions every layer asks. One policy for every operation started with co_launch():
+//   - cancellation through the completion handler's slot is reported as errc::cancelled;
+//   - an exception escaping the operation (a bug, std::bad_alloc) is logged once and
+//     reported as errc::internal_error;
+//   - every other result is passed through as the operation returned it.
+#pragma once
+
+#include "hivemesh/core/error.hpp"
+#include "hivemesh/core/log.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/error.hpp>
+#include <asio/execution/outstanding_work.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/channel.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/require.hpp>
+#include <asio/strand.hpp>
+#include <asio/thread_pool.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <exception>
+#include <memory>
+#include <optional>
+#include <system_error>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace hivemesh {
+
+/// The completion token of every hivemesh operation called without one: inside a
+/// coroutine, `auto [ec, value] = co_await op(args...)`, the error returned as a value and
+/// never thrown. Any other Asio token (a callback, asio::use_future, asio::deferred) may be
+/// passed instead.
+using default_token_t = asio::experimental::as_tuple_t<asio::use_awaitable_t<>>;
+
+/// The error code an exception that escaped `operation` becomes under the policy above:
+/// errc::cancelled for a cancellation (operation_aborted), else errc::internal_error, with
+/// the exception logged.
+inline std::error_code escaped_exception_code(const std::exception_ptr& failure,
+                                              const char* operation) {
+    try {
+        std::rethrow_exception(failure);
+    } catch (const std::system_error& e) {
+        // A cancelled awaitable throws operation_aborted where it resumes.
+        if (e.code() == asio::error::operation_aborted) return make_error_code(errc::cancelled);
+        log::error("async", operation, ": internal error: ", e.what());
+    } catch (const std::exception& e) {
+        log::error("async", operation, ": internal error: ", e.what());
+    } catch (...) {
+        log::error("async", operation, ": internal error: unknown exception");
+    }
+    return make_error_code(errc::internal_error);
+}
+
+namespace detail {
+
+/// Calls `handler` with the operation's result: an error_code alone, or the members of a
+/// pair or tuple whose first member is the error code.
+template <class Handler, class Result>
+void complete_with(Handler& handler, Result&& result) {
+    if constexpr (std::is_same_v<std::decay_t<Result>, std::error_code>)
+        std::move(handler)(result);
+    else
+        std::apply([&](auto&&... values) { std::move(handler)(std::move(values)...); },
+                   std::forward<Result>(result));
+}
+
+/// The result an operation that failed before it returned completes with: `ec` and
+/// value-initialised values.
+template <class Result>
+Result failed_result(std::error_code ec) {
+    if constexpr (std::is_same_v<Result, std::error_code>)
+        return ec;
+    else {
+        Result out{};
+        std::get<0>(out) = ec;
+        return out;
+    }
+}
+
+} // namespace detail
+
+/// Runs the coroutine `work` on `executor` and completes `handler` with its result:
+/// `handler(ec)` for an awaitable<std::error_code>, `handler(ec, values...)` for an
+/// awaitable of a std::pair or std::tuple whose first member is the error code.
+/// The handler's cancellation slot becomes the coroutine's, so emitting it cancels what the
+/// coroutine awaits. An exception escaping `work` follows the policy at the top of this
+/// file; `operation` names it in the log.
+template <class Result, class Handler>
+void co_launch(const asio::any_io_executor& executor, asio::awaitable<Result> work, Handler handler,
+               const char* operation) {
+    auto slot = asio::get_associated_cancellation_slot(handler);
+    asio::co_spawn(
+        executor, std::move(work),
+        asio::bind_cancellation_slot(slot, [handler = std::move(handler), operation](
+                                               std::exception_ptr failure, Result result) mutable {
+            if (failure)
+                result = detail::failed_result<Result>(escaped_exception_code(failure, operation));
+            detail::complete_with(handler, std::move(result));
+        }));
+}
+
+/// The same for an operation that stops through its own means: emitting the handler's
+/// cancellation slot calls `on_cancel()`, which must make `work` end soon (reporting
+/// errc::cancelled itself); the slot is cleared before the handler runs.
+template <class Result, class Handler, class OnCancel>
+void co_launch(const asio::any_io_executor& executor, asio::awaitable<Result> work, Handler handler,
+               const char* operation, OnCancel on_cancel) {
+    auto slot = asio::get_associated_cancellation_slot(handler);
+    if (slot.is_connected())
+        slot.assign(
+            [on_cancel = std::move(on_cancel)](asio::cancellation_type) mutable { on_cancel(); });
+    asio::co_spawn(executor, std::move(work),
+                   [handler = std::move(handler), slot, operation](std::exception_ptr failure,
+                                                                   Result result) mutable {
+                       if (slot.is_connected()) slot.clear();
+                       if (failure)
+                           result = detail::failed_result<Result>(
+                               escaped_exception_code(failure, operation));
+                       detail::complete_with(handler, std::move(result));
+                   });
+}
+
+namespace detail {
+
+/// `Executor` with outstanding work tracked, as any_io_executor may hold it.
+template <class Executor>
+using tracked_executor_t = std::decay_t<decltype(asio::require(
+    std::declval<Executor>(), asio::execution::outstanding_work.tracked))>;
+
+template <class Executor>
+bool runs_here(const asio::any_io_executor& ex) {
+    const auto* target = ex.target<Executor>();
+    return target && target->running_in_this_thread();
+}
+
+template <class Executor>
+bool runs_here_or_on_strand(const asio::any_io_executor& ex) {
+    return runs_here<Executor>(ex) || runs_here<asio::strand<Executor>>(ex);
+}
+
+} // namespace detail
+
+/// True if the calling thread is running `ex`: an io_context or thread_pool executor (with
+/// or without outstanding work tracking), a strand of one, or a strand of an
+/// any_io_executor. False for any other kind of executor, which cannot be asked.
+inline bool running_in_this_thread(const asio::any_io_executor& ex) {
+    using io = asio::io_context::executor_type;
+    using pool = asio::thread_pool::executor_type;
+    using io_tracked = detail::tracked_executor_t<io>;
+    using pool_tracked = detail::tracked_executor_t<pool>;
+    return detail::runs_here_or_on_strand<io>(ex) ||
+           detail::runs_here_or_on_strand<io_tracked>(ex) ||
+           detail::runs_here_or_on_strand<pool>(ex) ||
+           detail::runs_here_or_on_strand<pool_tracked>(ex) ||
+           detail::runs_here<asio::strand<asio::any_io_executor>>(ex);
+}
+
+/// Wakes one waiting coroutine; a notification while nobody waits is kept (once).
+class wakeup {
+public:
+    explicit wakeup(const asio::any_io_executor& ex)
+        : channel_(ex, 1) {}
+    void notify() { channel_.try_send(std::error_code{}, true); }
+    /// Completes on notify(); with an error if the awaiting operation was cancelled.
+    asio::awaitable<std::error_code> wait() {
+        auto [ec, unused] =
+            co_await channel_.async_receive(asio::experimental::as_tuple(asio::use_awaitable));
+        co_return ec;
+    }
+
+private:
+    // Asio 1.22's channel needs a value besides the error code.
+    asio::experimental::channel<void(std::error_code, bool)> channel_;
+};
+
+/// Runs `work` on `executor` and resumes on the awaiting coroutine's executor; without an
+/// executor runs it inline. Rethrows what `work` throws.
+template <class Work>
+asio::awaitable<void> offload(const std::optional<asio::any_io_executor>& executor, Work& work) {
+    if (!executor) {
+        work();
+        co_return;
+    }
+    std::exception_ptr failure;
+    // A named initiation: g++ 12 destroys a lambda temporary with captures inside a co_await
+    // expression twice (see CONTRIBUTING.md).
+    auto initiation = [&work, &failure, ex = *executor](auto handler) {
+        auto guard = asio::make_work_guard(asio::get_associated_executor(handler));
+        asio::post(ex, [&work, &failure, handler = std::move(handler),
+                        guard = std::move(guard)]() mutable {
+            try {
+                work();
+            } catch (...) {
+                failure = std::current_exception();
+            }
+            auto resume = guard.get_executor();
+            asio::dispatch(resume, std::move(handler));
+        });
+    };
+    co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(initiation,
+                                                                         asio::use_awaitable);
+    if (failure) std::rethrow_exception(failure);
+}
+
+} // namespace hivemesh
