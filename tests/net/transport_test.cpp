@@ -25,7 +25,8 @@ struct no_timer {
 
 } // namespace
 
-TEST_CASE("tcp and sim are transports; types missing a requirement are not", "[net][transport]") {
+TEST_CASE("tcp and sim are transports, and types missing a requirement are not",
+          "[net][transport]") {
     STATIC_REQUIRE(net::transport<net::tcp::transport>);
     STATIC_REQUIRE(net::transport<net::sim::transport>);
     STATIC_REQUIRE_FALSE(net::transport<int>);

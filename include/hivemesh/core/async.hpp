@@ -35,6 +35,7 @@
 #include <system_error>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 namespace hivemesh {
@@ -142,8 +143,13 @@ using tracked_executor_t = std::decay_t<decltype(asio::require(
 
 template <class Executor>
 bool runs_here(const asio::any_io_executor& ex) {
-    const auto* target = ex.target<Executor>();
-    return target && target->running_in_this_thread();
+#if !defined(ASIO_NO_TYPEID)
+    // Asio 1.22's target<T>() casts without comparing types: compare them first.
+    if (ex.target_type() != typeid(Executor)) return false;
+    return ex.target<Executor>()->running_in_this_thread();
+#else
+    return false; // without RTTI the executor's type cannot be told
+#endif
 }
 
 template <class Executor>
@@ -155,7 +161,8 @@ bool runs_here_or_on_strand(const asio::any_io_executor& ex) {
 
 /// True if the calling thread is running `ex`: an io_context or thread_pool executor (with
 /// or without outstanding work tracking), a strand of one, or a strand of an
-/// any_io_executor. False for any other kind of executor, which cannot be asked.
+/// any_io_executor. False for any other kind of executor, which cannot be asked, and
+/// always false without RTTI (ASIO_NO_TYPEID).
 inline bool running_in_this_thread(const asio::any_io_executor& ex) {
     using io = asio::io_context::executor_type;
     using pool = asio::thread_pool::executor_type;
