@@ -8,6 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 build=${HIVEMESH_BUILD_ROOT:-build}/release
-cmake -S . -B "${build}" -DCMAKE_BUILD_TYPE=Release -DHIVEMESH_BUILD_TESTS=OFF
+# One program: header-only compiles only what it uses (hivemesh::compiled would build the
+# sim instantiations too).
+cmake -S . -B "${build}" -DCMAKE_BUILD_TYPE=Release -DHIVEMESH_BUILD_TESTS=OFF \
+  -DHIVEMESH_BUILD_COMPILED=OFF
 cmake --build "${build}" -j "$(nproc)" --target moshpit_swarm
 "${build}/examples/moshpit_swarm" "$@"
