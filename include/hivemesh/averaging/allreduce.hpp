@@ -297,7 +297,6 @@ private:
     // ---- one round -----------------------------------------------------------------------
 
     struct round : std::enable_shared_from_this<round> {
-
         /// A member sending to us, as seen by this peer reducing its span.
         struct sender_slot {
             bool expected = false;
