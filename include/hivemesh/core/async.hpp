@@ -91,6 +91,15 @@ Result failed_result(std::error_code ec) {
     }
 }
 
+/// Completes `handler` with what the coroutine gave: its result, or under the policy above
+/// the code of the exception that escaped it.
+template <class Handler, class Result>
+void complete_launch(Handler& handler, std::exception_ptr failure, Result result,
+                     const char* operation) {
+    if (failure) result = failed_result<Result>(escaped_exception_code(failure, operation));
+    complete_with(handler, std::move(result));
+}
+
 } // namespace detail
 
 /// Runs the coroutine `work` on `executor` and completes `handler` with its result:
@@ -107,9 +116,7 @@ void co_launch(const asio::any_io_executor& executor, asio::awaitable<Result> wo
         executor, std::move(work),
         asio::bind_cancellation_slot(slot, [handler = std::move(handler), operation](
                                                std::exception_ptr failure, Result result) mutable {
-            if (failure)
-                result = detail::failed_result<Result>(escaped_exception_code(failure, operation));
-            detail::complete_with(handler, std::move(result));
+            detail::complete_launch(handler, failure, std::move(result), operation);
         }));
 }
 
@@ -127,10 +134,7 @@ void co_launch(const asio::any_io_executor& executor, asio::awaitable<Result> wo
                    [handler = std::move(handler), slot, operation](std::exception_ptr failure,
                                                                    Result result) mutable {
                        if (slot.is_connected()) slot.clear();
-                       if (failure)
-                           result = detail::failed_result<Result>(
-                               escaped_exception_code(failure, operation));
-                       detail::complete_with(handler, std::move(result));
+                       detail::complete_launch(handler, failure, std::move(result), operation);
                    });
 }
 
