@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # How long a trainer's translation unit that uses hivemesh takes to compile: the README's RPC
-# snippet (readme_rpc.cpp beside this script), header-only and in the compiled mode
+# snippet (readme_rpc.cpp beside this script), header-only, in the compiled mode
 # (HIVEMESH_SEPARATE_COMPILATION, the node's TCP instantiation then comes from
-# hivemesh::compiled), with a file that includes only <asio.hpp> and one that includes only
+# hivemesh::compiled), and in the compiled mode with <hivemesh/hivemesh.hpp> precompiled;
+# with a file that includes only <asio.hpp> and one that includes only
 # <hivemesh/hivemesh.hpp> for scale. Each is compiled with -O2 -c, RUNS times; the median
 # CPU time (user + system) is reported, as a table and as one JSON object per line. On an
 # idle machine it is the wall time; on a busy one it is still the compiler's own cost.
@@ -47,6 +48,25 @@ report "<asio.hpp> only" "$work/asio_only.cpp"
 report "<hivemesh/hivemesh.hpp> only" "$work/include_only.cpp"
 report "README RPC snippet, header-only" readme_rpc.cpp
 report "README RPC snippet, compiled mode" readme_rpc.cpp -DHIVEMESH_SEPARATE_COMPILATION
+
+# The same with <hivemesh/hivemesh.hpp> precompiled (what CMake's target_precompile_headers
+# does): the header is parsed once per target, not once per translation unit.
+pch_flags=(-DHIVEMESH_SEPARATE_COMPILATION)
+mkdir -p "$work/pch/hivemesh"
+if [[ "$compiler" == *clang* ]]; then
+  pch="$work/pch/hivemesh.pch"
+  pch_flags+=(-include-pch "$pch")
+else
+  pch="$work/pch/hivemesh/hivemesh.hpp.gch" # found beside the header, before include/
+  pch_flags+=(-I"$work/pch" -Winvalid-pch)
+fi
+/usr/bin/time -o "$work/time" -f '%U %S' "$compiler" "${flags[@]}" -DHIVEMESH_SEPARATE_COMPILATION \
+  -x c++-header "$root/include/hivemesh/hivemesh.hpp" -o "$pch" 2> /dev/null
+seconds=$(awk '{print $1 + $2}' "$work/time")
+printf '%-44s %8.1f\n' "(the precompiled header, once per target)" "$seconds"
+echo "{\"tu\": \"precompiled header\", \"compiler\": \"$compiler\", \"runs\": 1, \"cpu_seconds\": $seconds}" \
+  >> "$work/json"
+report "README RPC snippet, compiled mode + PCH" readme_rpc.cpp "${pch_flags[@]}"
 cat "$work/json"
 
 if [ -n "${BUILD_DIR:-}" ]; then

@@ -32,60 +32,53 @@
 
 namespace hivemesh::crypto {
 
-/// A 32-byte Ed25519 public key. The default value (all zeros) verifies nothing.
-class public_key {
-public:
-    static constexpr std::size_t size = crypto_sign_PUBLICKEYBYTES;
-    using bytes_type = std::array<std::byte, size>;
+namespace detail {
 
-    constexpr public_key() noexcept = default;
-    constexpr explicit public_key(const bytes_type& bytes) noexcept
+/// A value that is exactly N bytes: a public key, a signature.
+template <class Derived, std::size_t N>
+class fixed_bytes {
+public:
+    static constexpr std::size_t size = N;
+    using bytes_type = std::array<std::byte, N>;
+
+    constexpr fixed_bytes() noexcept = default;
+    constexpr explicit fixed_bytes(const bytes_type& bytes) noexcept
         : bytes_(bytes) {}
 
-    /// The key held in `bytes`; nullopt unless it is exactly 32 bytes long.
-    static std::optional<public_key> from_bytes(byte_view bytes) noexcept {
-        if (bytes.size() != size) return std::nullopt;
+    /// The value held in `bytes`; nullopt unless it is exactly N bytes long.
+    static std::optional<Derived> from_bytes(byte_view bytes) noexcept {
+        if (bytes.size() != N) return std::nullopt;
         bytes_type value;
         std::copy(bytes.begin(), bytes.end(), value.begin());
-        return public_key(value);
+        return Derived(value);
     }
 
-    const bytes_type& bytes() const noexcept { return bytes_; }
-    byte_view view() const noexcept { return bytes_; }
-    /// The PeerId this key proves (BLAKE2b-256 of the key).
-    peer_id id() const { return peer_id::from_public_key(bytes_); }
+    constexpr const bytes_type& bytes() const noexcept { return bytes_; }
+    constexpr byte_view view() const noexcept { return bytes_; }
 
-    friend bool operator==(const public_key&, const public_key&) = default;
+    friend constexpr bool operator==(const Derived& a, const Derived& b) noexcept {
+        return a.bytes() == b.bytes();
+    }
 
 private:
     bytes_type bytes_{};
 };
 
-/// A 64-byte Ed25519 signature.
-class signature {
+} // namespace detail
+
+/// A 32-byte Ed25519 public key. The default value (all zeros) verifies nothing.
+class public_key : public detail::fixed_bytes<public_key, crypto_sign_PUBLICKEYBYTES> {
 public:
-    static constexpr std::size_t size = crypto_sign_BYTES;
-    using bytes_type = std::array<std::byte, size>;
+    using fixed_bytes::fixed_bytes;
 
-    constexpr signature() noexcept = default;
-    constexpr explicit signature(const bytes_type& bytes) noexcept
-        : bytes_(bytes) {}
+    /// The PeerId this key proves (BLAKE2b-256 of the key).
+    peer_id id() const { return peer_id::from_public_key(bytes()); }
+};
 
-    /// The signature held in `bytes`; nullopt unless it is exactly 64 bytes long.
-    static std::optional<signature> from_bytes(byte_view bytes) noexcept {
-        if (bytes.size() != size) return std::nullopt;
-        bytes_type value;
-        std::copy(bytes.begin(), bytes.end(), value.begin());
-        return signature(value);
-    }
-
-    const bytes_type& bytes() const noexcept { return bytes_; }
-    byte_view view() const noexcept { return bytes_; }
-
-    friend bool operator==(const signature&, const signature&) = default;
-
-private:
-    bytes_type bytes_{};
+/// A 64-byte Ed25519 signature.
+class signature : public detail::fixed_bytes<signature, crypto_sign_BYTES> {
+public:
+    using fixed_bytes::fixed_bytes;
 };
 
 namespace detail {

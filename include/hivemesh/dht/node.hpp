@@ -45,6 +45,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -434,564 +435,99 @@ private:
         return future.get();
     }
 
-    static peer to_peer(const contact_type& c) { return peer{c.peer, c.endpoint}; }
+    // ---- contacts (impl/node_contacts.hpp) ---------------------------------------------
 
-    static sender_info sender(const state_ptr& st) {
-        if (!st->announce) return {};
-        return {Transport::to_address(*st->announce)};
-    }
-
-    static bool blacklisted(const state_ptr& st, const dht::id& node) {
-        const auto it = st->blacklist.find(node);
-        return it != st->blacklist.end() && it->second.until > st->now();
-    }
-
+    static peer to_peer(const contact_type& c);
+    static sender_info sender(const state_ptr& st);
+    static bool blacklisted(const state_ptr& st, const dht::id& node);
     /// A peer answered us or sent us a valid request from where it listens.
-    static void note_alive(const state_ptr& st, const contact_type& c) {
-        st->blacklist.erase(c.id);
-        const auto outcome = st->table.on_seen(c, st->now());
-        if (outcome.ping_candidate && !st->pinging.contains(outcome.ping_candidate->id)) {
-            st->pinging.insert(outcome.ping_candidate->id);
-            asio::co_spawn(st->executor, check_alive(st, *outcome.ping_candidate), asio::detached);
-        }
-        if (outcome.result == routing_table<endpoint_type>::seen_result::added) hand_off(st, c);
-    }
-
-    static void note_failure(const state_ptr& st, const dht::id& node) {
-        st->table.on_failure(node);
-        auto& entry = st->blacklist[node];
-        entry.failures = std::min(entry.failures + 1, 30u);
-        auto backoff = st->options.blacklist_base * (std::int64_t{1} << (entry.failures - 1));
-        entry.until = st->now() + std::min(backoff, st->options.blacklist_max);
-    }
-
+    static void note_alive(const state_ptr& st, const contact_type& c);
+    static void note_failure(const state_ptr& st, const dht::id& node);
     /// Pings the least-recently-seen contact of a full bucket; its failure lets a newer
     /// contact in.
-    static asio::awaitable<void> check_alive(state_ptr st, contact_type c) {
-        // A named body: g++ 12 destroys temporaries inside a co_await expression twice.
-        auto body = encode(ping_request{sender(st)});
-        co_await call(st, c, "dht.ping", std::move(body));
-        st->pinging.erase(c.id);
-    }
-
+    static asio::awaitable<void> check_alive(state_ptr st, contact_type c);
     /// One request to one peer; feeds the routing table and the blacklist.
     static asio::awaitable<net::call_result> call(state_ptr st, contact_type c, std::string method,
-                                                  byte_buffer body) {
-        if (st->closed) co_return net::call_result{errc::cancelled, {}};
-        ++st->stats.requests_sent;
-        auto [ec, response] = co_await st->rpc->async_call(
-            to_peer(c), std::move(method), std::move(body), st->options.request_timeout);
-        if (st->closed) co_return net::call_result{errc::cancelled, {}};
-        if (ec) {
-            ++st->stats.requests_failed;
-            note_failure(st, c.id);
-        } else {
-            note_alive(st, c);
-        }
-        co_return net::call_result{ec, std::move(response)};
-    }
+                                                  byte_buffer body);
 
-    // ---- serving -----------------------------------------------------------------------
+    // ---- serving (impl/node_serving.hpp) -----------------------------------------------
 
     using serve_function = std::error_code (*)(const state_ptr&, const net::call_context&,
                                                byte_view, byte_buffer&);
 
-    static void register_handlers(const state_ptr& st) {
-        // Handlers hold the state weakly: the RPC node may outlive this node.
-        const auto add = [&](const char* method, serve_function serve) {
-            st->rpc->add_handler(method,
-                                 [weak = std::weak_ptr<state>(st), serve](
-                                     const net::call_context& context, byte_view request,
-                                     byte_buffer& response) -> asio::awaitable<std::error_code> {
-                                     co_return serve(weak.lock(), context, request, response);
-                                 });
-        };
-        add("dht.ping", &serve_ping);
-        add("dht.store", &serve_store);
-        add("dht.find", &serve_find);
-    }
-
+    static void register_handlers(const state_ptr& st);
     /// Admits a request: the node is open, the sender within its allowance and not
     /// penalised. A malformed request costs its sender its routing-table entry and every
     /// request for `penalty`.
     static std::error_code admit(const state_ptr& st, const net::call_context& context,
-                                 double cost) {
-        if (!st || st->closed) return errc::refused;
-        const auto now = st->now();
-        if (const auto it = st->penalised.find(context.remote);
-            it != st->penalised.end() && it->second > now) {
-            ++st->stats.requests_refused;
-            return errc::rate_limited;
-        }
-        if (!st->limiter.allow(context.remote, now, cost)) {
-            ++st->stats.requests_refused;
-            return errc::rate_limited;
-        }
-        ++st->stats.requests_served;
-        return {};
-    }
-
+                                 double cost);
     static std::error_code penalise(const state_ptr& st, const net::call_context& context,
-                                    std::error_code ec) {
-        ++st->stats.requests_refused;
-        st->penalised[context.remote] = st->now() + st->options.penalty;
-        st->table.remove(dht::id::of_peer(context.remote));
-        log::warning("dht", "refused a request from ", context.remote.short_string(), ": ",
-                     ec.message());
-        return ec;
-    }
-
+                                    std::error_code ec);
     /// Adds the sender of a request to the routing table if it serves.
     static void note_sender(const state_ptr& st, const net::call_context& context,
-                            const sender_info& from) {
-        if (!from.listen) return;
-        const auto endpoint = Transport::to_endpoint(*from.listen);
-        if (!endpoint) return;
-        note_alive(st, contact_type{dht::id::of_peer(context.remote), context.remote, *endpoint});
-    }
-
+                            const sender_info& from);
     static std::error_code serve_ping(const state_ptr& st, const net::call_context& context,
-                                      byte_view request, byte_buffer& response) {
-        if (auto ec = admit(st, context, 1)) return ec;
-        ping_request ping;
-        if (auto ec = decode(request, ping, st->options.messages)) return penalise(st, context, ec);
-        note_sender(st, context, ping.from);
-        response = encode(ping_response{});
-        return {};
-    }
-
+                                      byte_view request, byte_buffer& response);
     static std::error_code serve_store(const state_ptr& st, const net::call_context& context,
-                                       byte_view request, byte_buffer& response) {
-        if (auto ec = admit(st, context, 1)) return ec;
-        store_request store;
-        if (auto ec = decode(request, store, st->options.messages))
-            return penalise(st, context, ec);
-        if (!store.items.empty() && !st->limiter.allow(context.remote, st->now(),
-                                                       static_cast<double>(store.items.size()))) {
-            ++st->stats.requests_refused;
-            return errc::rate_limited;
-        }
-        note_sender(st, context, store.from);
-        store_response reply;
-        reply.statuses.reserve(store.items.size());
-        const auto now = st->now();
-        for (const auto& item : store.items) {
-            if (st->validators.validate(item.item)) {
-                reply.statuses.push_back(store_status::invalid);
-                continue;
-            }
-            auto& target = item.in_cache ? st->cache : st->storage;
-            reply.statuses.push_back(target.store(item.item, now));
-        }
-        response = encode(reply);
-        return {};
-    }
-
+                                       byte_view request, byte_buffer& response);
     static std::error_code serve_find(const state_ptr& st, const net::call_context& context,
-                                      byte_view request, byte_buffer& response) {
-        if (auto ec = admit(st, context, 1)) return ec;
-        find_request find;
-        if (auto ec = decode(request, find, st->options.messages)) return penalise(st, context, ec);
-        note_sender(st, context, find.from);
-        const auto requester = dht::id::of_peer(context.remote);
-        const auto count = std::min<std::size_t>(
-            {find.max_peers, st->options.routing.k, st->options.messages.max_peers});
-        find_response reply;
-        reply.results.reserve(find.keys.size());
-        const auto now = st->now();
-        for (const auto& key : find.keys) {
-            find_result result;
-            result.entry = local_entry(st, key, now);
-            for (const auto& c : st->table.nearest(key, count, &requester))
-                result.nearest.push_back({c.peer, Transport::to_address(c.endpoint)});
-            reply.results.push_back(std::move(result));
-        }
-        response = encode(reply);
-        return {};
-    }
-
+                                      byte_view request, byte_buffer& response);
     /// What this node holds for `key`: its storage merged with its cache.
     static std::optional<key_entry> local_entry(const state_ptr& st, const dht::id& key,
-                                                time_point now) {
-        auto entry = st->storage.get(key, now);
-        if (auto cached = st->cache.get(key, now)) detail::merge_entry(entry, *cached);
-        return entry;
-    }
+                                                time_point now);
 
-    // ---- lookups -----------------------------------------------------------------------
+    // ---- lookups (impl/node_lookup.hpp) ------------------------------------------------
 
     enum class candidate_state : std::uint8_t { fresh, asked, answered, failed };
-
-    struct candidate {
-        contact_type contact;
-        candidate_state status = candidate_state::fresh;
-        std::size_t hop = 1;
-    };
-
+    struct candidate;
     /// One key's search.
-    struct search {
-        dht::id target;
-        bool want_value = false;
-        bool latest = false;
-        std::map<dht::id, candidate> candidates; // by distance to target
-        std::size_t in_flight = 0;
-        std::size_t rounds = 0;
-        bool done = false;
-        std::optional<key_entry> found;
-        /// Nearest node that answered without the value (where a get caches it).
-        std::optional<contact_type> nearest_without_value;
-    };
-
-    struct reply {
-        contact_type from;
-        std::vector<std::size_t> searches;
-        std::error_code ec;
-        find_response response;
-    };
-
+    struct search;
+    struct reply;
     /// Searches that share requests; kept alive by the requests it launched.
-    struct lookup {
-        explicit lookup(const asio::any_io_executor& ex)
-            : wake(ex) {}
-        std::vector<search> searches;
-        std::deque<reply> replies;
-        std::size_t in_flight = 0;
-        wakeup wake;
-    };
+    struct lookup;
 
     static void add_candidate(const state_ptr& st, search& s, const contact_type& c,
-                              std::size_t hop) {
-        if (c.id == st->self) return;
-        s.candidates.try_emplace(c.id ^ s.target, candidate{c, candidate_state::fresh, hop});
-    }
-
+                              std::size_t hop);
     /// True when the search is over: a value found (plain get), or the k nearest live
     /// candidates have all answered (requests to farther ones may still be out).
-    static bool finished(const state_ptr& st, search& s) {
-        if (s.done) return true;
-        if (s.want_value && !s.latest && s.found) return s.done = true;
-        std::size_t answered_count = 0;
-        for (auto& [distance, c] : s.candidates) {
-            if (answered_count == st->options.routing.k) break;
-            if (c.status == candidate_state::answered) {
-                ++answered_count;
-                continue;
-            }
-            if (c.status == candidate_state::failed ||
-                (c.status == candidate_state::fresh && blacklisted(st, c.contact.id)))
-                continue;
-            return false; // a near candidate is not asked yet, or its answer is pending
-        }
-        return s.done = true;
-    }
-
+    static bool finished(const state_ptr& st, search& s);
     /// The nearest candidate of `s` nobody has asked yet, among its k nearest live ones.
-    static candidate* next_candidate(const state_ptr& st, search& s) {
-        std::size_t live = 0;
-        for (auto& [distance, c] : s.candidates) {
-            if (c.status == candidate_state::failed) continue;
-            if (live++ == st->options.routing.k) break;
-            if (c.status != candidate_state::fresh) continue;
-            if (blacklisted(st, c.contact.id)) {
-                c.status = candidate_state::failed;
-                --live;
-                continue;
-            }
-            return &c;
-        }
-        return nullptr;
-    }
-
+    static candidate* next_candidate(const state_ptr& st, search& s);
     /// Sends every request the searches allow, batching keys per peer.
-    static void launch(const state_ptr& st, const std::shared_ptr<lookup>& l) {
-        for (std::size_t i = 0; i < l->searches.size(); ++i) {
-            auto& s = l->searches[i];
-            while (!finished(st, s) && s.in_flight < st->options.alpha) {
-                candidate* chosen = next_candidate(st, s);
-                if (!chosen) break;
-                const contact_type target = chosen->contact;
-                // Every other live search with this peer among its next candidates rides
-                // along in the same request.
-                std::vector<std::size_t> batch{i};
-                chosen->status = candidate_state::asked;
-                s.rounds = std::max(s.rounds, chosen->hop);
-                ++s.in_flight;
-                for (std::size_t j = 0;
-                     j < l->searches.size() && batch.size() < st->options.max_keys_per_request;
-                     ++j) {
-                    auto& other = l->searches[j];
-                    if (j == i || other.done) continue;
-                    const auto it = other.candidates.find(target.id ^ other.target);
-                    if (it == other.candidates.end() || it->second.status != candidate_state::fresh)
-                        continue;
-                    it->second.status = candidate_state::asked;
-                    other.rounds = std::max(other.rounds, it->second.hop);
-                    ++other.in_flight;
-                    batch.push_back(j);
-                }
-                find_request request{
-                    sender(st), {}, static_cast<std::uint32_t>(st->options.routing.k)};
-                for (const auto j : batch)
-                    request.keys.push_back(l->searches[j].target);
-                ++l->in_flight;
-                asio::co_spawn(st->executor, ask(st, l, target, std::move(batch), encode(request)),
-                               asio::detached);
-            }
-        }
-    }
-
+    static void launch(const state_ptr& st, const std::shared_ptr<lookup>& l);
     static asio::awaitable<void> ask(state_ptr st, std::shared_ptr<lookup> l, contact_type target,
-                                     std::vector<std::size_t> batch, byte_buffer request) {
-        auto [ec, raw] = co_await call(st, target, "dht.find", std::move(request));
-        reply r{std::move(target), std::move(batch), ec, {}};
-        if (!r.ec) {
-            r.ec = decode(raw, r.response, st->options.messages);
-            if (!r.ec && r.response.results.size() != r.searches.size())
-                r.ec = errc::protocol_violation;
-            if (r.ec) note_failure(st, r.from.id);
-        }
-        l->replies.push_back(std::move(r));
-        --l->in_flight;
-        l->wake.notify();
-    }
-
+                                     std::vector<std::size_t> batch, byte_buffer request);
     /// Applies one reply to its searches.
-    static void absorb(const state_ptr& st, lookup& l, reply& r) {
-        for (std::size_t n = 0; n < r.searches.size(); ++n) {
-            auto& s = l.searches[r.searches[n]];
-            --s.in_flight;
-            auto it = s.candidates.find(r.from.id ^ s.target);
-            if (it == s.candidates.end()) continue;
-            auto& c = it->second;
-            if (r.ec) {
-                c.status = candidate_state::failed;
-                continue;
-            }
-            c.status = candidate_state::answered;
-            auto& result = r.response.results[n];
-            bool had_value = false;
-            if (result.entry && dht::id::of_key(result.entry->key) == s.target) {
-                // Keep only what our validators accept: a bad record from one node must not
-                // hide good ones from others.
-                key_entry valid{result.entry->key, {}, {}};
-                if (result.entry->plain && !st->validators.validate(result.entry->to_record(
-                                               std::nullopt, *result.entry->plain)))
-                    valid.plain = result.entry->plain;
-                for (auto& [subkey, value] : result.entry->dictionary)
-                    if (!st->validators.validate(result.entry->to_record(subkey, value)))
-                        valid.dictionary.emplace(subkey, value);
-                had_value = !valid.empty();
-                detail::merge_entry(s.found, valid);
-            }
-            if (!had_value && (!s.nearest_without_value ||
-                               closer(s.target, r.from.id, s.nearest_without_value->id)))
-                s.nearest_without_value = r.from;
-            for (const auto& info : result.nearest) {
-                const auto endpoint = Transport::to_endpoint(info.address);
-                if (!endpoint) continue;
-                add_candidate(st, s,
-                              contact_type{dht::id::of_peer(info.peer), info.peer, *endpoint},
-                              c.hop + 1);
-            }
-        }
-    }
-
+    static void absorb(const state_ptr& st, lookup& l, reply& r);
     /// Runs searches for `targets` to completion (or until the node closes).
     static asio::awaitable<std::vector<search>>
     run_lookup(state_ptr st, std::vector<dht::id> targets, bool want_value, bool latest,
-               std::optional<std::vector<contact_type>> start = std::nullopt) {
-        auto l = std::make_shared<lookup>(st->executor);
-        l->searches.resize(targets.size());
-        const auto now = st->now();
-        for (std::size_t i = 0; i < targets.size(); ++i) {
-            auto& s = l->searches[i];
-            s.target = targets[i];
-            s.want_value = want_value;
-            s.latest = latest;
-            for (const auto& c :
-                 start ? *start : st->table.nearest(s.target, st->options.routing.k))
-                add_candidate(st, s, c, 1);
-            st->table.mark_refreshed(s.target, now);
-        }
-        while (!st->closed) {
-            launch(st, l);
-            const bool all_done = std::all_of(l->searches.begin(), l->searches.end(),
-                                              [](const search& s) { return s.done; });
-            if (all_done || l->in_flight == 0) break;
-            const auto cancelled = co_await l->wake.wait();
-            if (cancelled) break;
-            while (!l->replies.empty()) {
-                absorb(st, *l, l->replies.front());
-                l->replies.pop_front();
-            }
-        }
-        for (auto& s : l->searches) {
-            ++st->stats.lookups;
-            st->stats.lookup_rounds += s.rounds;
-        }
-        co_return std::move(l->searches);
-    }
-
+               std::optional<std::vector<contact_type>> start = std::nullopt);
     /// The answered candidates of `s`, nearest first.
-    static std::vector<contact_type> answered(const search& s, std::size_t count) {
-        std::vector<contact_type> out;
-        for (const auto& [distance, c] : s.candidates) {
-            if (out.size() == count) break;
-            if (c.status == candidate_state::answered) out.push_back(c.contact);
-        }
-        return out;
-    }
+    static std::vector<contact_type> answered(const search& s, std::size_t count);
 
-    // ---- operations --------------------------------------------------------------------
+    // ---- operations (impl/node_operations.hpp) -----------------------------------------
 
-    static asio::awaitable<std::error_code> bootstrap(state_ptr st, std::vector<peer> initial) {
-        for (auto& p : initial)
-            if (std::find_if(st->initial_peers.begin(), st->initial_peers.end(),
-                             [&](const peer& known) { return known.id == p.id; }) ==
-                st->initial_peers.end())
-                st->initial_peers.push_back(p);
-        co_return co_await rebootstrap(st, true);
-    }
-
+    static asio::awaitable<std::error_code> bootstrap(state_ptr st, std::vector<peer> initial);
     /// Pings the initial peers and looks up our own id starting from them (from our table
     /// if none answers): a swarm that grew apart from them during a partition finds its
     /// way back, since its own tables would only lead a lookup around itself.
     /// When joining (`all_buckets`), or when an initial peer answers that our table had
     /// lost, also refreshes every bucket so the table fills at all distances.
-    static asio::awaitable<std::error_code> rebootstrap(state_ptr st, bool all_buckets) {
-        st->last_bootstrap = st->now();
-        std::vector<contact_type> answered_peers;
-        const auto ping = encode(ping_request{sender(st)});
-        for (const auto& p : st->initial_peers) {
-            if (p.id == st->rpc->id()) continue;
-            const contact_type c{dht::id::of_peer(p.id), p.id, p.endpoint};
-            const bool known = st->table.find(c.id) != nullptr;
-            auto [ec, unused] = co_await call(st, c, "dht.ping", ping);
-            if (ec) continue;
-            answered_peers.push_back(c);
-            if (!known) all_buckets = true;
-        }
-        if (st->closed) co_return errc::cancelled;
-        if (answered_peers.empty() && st->table.size() == 0) co_return errc::no_peers;
-        std::vector<dht::id> own{st->self};
-        std::optional<std::vector<contact_type>> start;
-        if (!answered_peers.empty()) start = std::move(answered_peers);
-        co_await run_lookup(st, std::move(own), false, false, std::move(start));
-        if (all_buckets) co_await refresh(st, true);
-        co_return std::error_code{};
-    }
-
+    static asio::awaitable<std::error_code> rebootstrap(state_ptr st, bool all_buckets);
     /// Looks up a random id in every bucket not refreshed within refresh_interval (every
     /// bucket when `all`).
-    static asio::awaitable<void> refresh(state_ptr st, bool all) {
-        const auto targets = st->table.refresh_targets(
-            st->now(), all ? duration::zero() : st->options.refresh_interval, st->rng);
-        if (!targets.empty()) co_await run_lookup(st, targets, false, false);
-    }
-
+    static asio::awaitable<void> refresh(state_ptr st, bool all);
     static asio::awaitable<std::pair<std::error_code, std::vector<contact_type>>>
-    find_nearest(state_ptr st, dht::id target, std::size_t count) {
-        using result = std::pair<std::error_code, std::vector<contact_type>>;
-        std::vector<dht::id> targets{target};
-        auto searches = co_await run_lookup(st, std::move(targets), false, false);
-        if (st->closed) co_return result{errc::cancelled, {}};
-        auto nearest = answered(searches.front(), count);
-        if (st->announce) {
-            nearest.push_back(contact_type{st->self, st->rpc->id(), *st->announce});
-            std::sort(nearest.begin(), nearest.end(),
-                      [&](const contact_type& a, const contact_type& b) {
-                          return closer(target, a.id, b.id);
-                      });
-            if (nearest.size() > count) nearest.resize(count);
-        }
-        if (nearest.empty()) co_return result{errc::no_peers, {}};
-        co_return result{std::error_code{}, std::move(nearest)};
-    }
+    find_nearest(state_ptr st, dht::id target, std::size_t count);
 
     static asio::awaitable<std::pair<std::error_code, store_outcome>> store_one(state_ptr st,
-                                                                                record r) {
-        using result = std::pair<std::error_code, store_outcome>;
-        std::vector<record> records;
-        records.push_back(std::move(r));
-        auto [ec, outcomes] = co_await store_records(st, std::move(records));
-        if (ec) co_return result{ec, {}};
-        const auto outcome = outcomes.front();
-        std::error_code status;
-        if (outcome.replicas == 0)
-            status = outcome.refusal ? errc::store_refused : errc::unreachable;
-        co_return result{status, outcome};
-    }
-
-    static void count(store_outcome& outcome, store_status status) {
-        if (status == store_status::stored)
-            ++outcome.replicas;
-        else if (!outcome.refusal || status < *outcome.refusal)
-            outcome.refusal = status;
-    }
-
+                                                                                record r);
+    static void count(store_outcome& outcome, store_status status);
     /// True if `r` fits the message limits every node enforces.
-    static bool fits(const state_ptr& st, const record& r) {
-        const auto& limits = st->options.messages;
-        return r.key.size() <= limits.max_key_size && r.value.size() <= limits.max_value_size &&
-               r.signature.size() <= limits.max_signature_size &&
-               (!r.subkey || r.subkey->size() <= limits.max_subkey_size);
-    }
-
+    static bool fits(const state_ptr& st, const record& r);
     static asio::awaitable<std::pair<std::error_code, std::vector<store_outcome>>>
-    store_records(state_ptr st, std::vector<record> records) {
-        using result = std::pair<std::error_code, std::vector<store_outcome>>;
-        std::vector<store_outcome> outcomes(records.size());
-        if (!st->announce && st->table.size() == 0 && st->initial_peers.empty())
-            co_return result{errc::no_peers, std::move(outcomes)};
-        // Sign, then check, as every receiver will.
-        std::vector<bool> valid(records.size());
-        std::vector<dht::id> targets;
-        std::vector<std::size_t> search_of(records.size());
-        std::map<dht::id, std::size_t> index;
-        for (std::size_t i = 0; i < records.size(); ++i) {
-            st->validators.sign(records[i]);
-            if (!fits(st, records[i])) {
-                outcomes[i].refusal = store_status::too_large;
-                continue;
-            }
-            if (st->validators.validate(records[i])) {
-                outcomes[i].refusal = store_status::invalid;
-                continue;
-            }
-            valid[i] = true;
-            const auto key = records[i].key_id();
-            auto [it, added] = index.try_emplace(key, targets.size());
-            if (added) targets.push_back(key);
-            search_of[i] = it->second;
-        }
-        auto searches = co_await run_lookup(st, targets, false, false);
-        if (st->closed) co_return result{errc::cancelled, std::move(outcomes)};
-        // Per record: the num_replicas nearest of the nodes that answered, and this node.
-        std::map<crypto::peer_id, outgoing_store> outgoing;
-        const auto now = st->now();
-        for (std::size_t i = 0; i < records.size(); ++i) {
-            if (!valid[i]) continue;
-            const auto& s = searches[search_of[i]];
-            auto nearest = answered(s, st->options.num_replicas);
-            bool self_included = false;
-            if (st->announce) {
-                self_included = nearest.size() < st->options.num_replicas ||
-                                closer(s.target, st->self, nearest.back().id);
-                if (self_included && nearest.size() == st->options.num_replicas) nearest.pop_back();
-            }
-            if (self_included) count(outcomes[i], st->storage.store(records[i], now));
-            for (const auto& c : nearest) {
-                auto& out = outgoing[c.peer];
-                out.target = c;
-                out.records.push_back(i);
-            }
-        }
-        auto answers = co_await send_stores(st, std::move(outgoing), records, false);
-        for (auto& [indices, statuses] : answers)
-            for (std::size_t n = 0; n < indices.size(); ++n)
-                count(outcomes[indices[n]], statuses[n]);
-        co_return result{std::error_code{}, std::move(outcomes)};
-    }
+    store_records(state_ptr st, std::vector<record> records);
 
     struct outgoing_store {
         contact_type target;
@@ -1005,195 +541,46 @@ private:
     /// collects the answers of the peers that answered in full.
     static asio::awaitable<std::vector<store_answer>>
     send_stores(state_ptr st, std::map<crypto::peer_id, outgoing_store> outgoing,
-                const std::vector<record>& records, bool in_cache) {
-        struct shared {
-            explicit shared(const asio::any_io_executor& ex)
-                : wake(ex) {}
-            std::size_t pending = 0;
-            std::vector<store_answer> answers;
-            wakeup wake;
-        };
-        auto collected = std::make_shared<shared>(st->executor);
-        constexpr std::size_t max_request_bytes = 4u << 20;
-        for (auto& [peer_id, out] : outgoing) {
-            for (std::size_t first = 0; first < out.records.size();) {
-                store_request request{sender(st), {}};
-                std::vector<std::size_t> indices;
-                std::size_t bytes = 0;
-                for (; first < out.records.size() &&
-                       request.items.size() < st->options.messages.max_items;
-                     ++first) {
-                    const auto& r = records[out.records[first]];
-                    const auto size = r.key.size() + r.value.size() +
-                                      (r.subkey ? r.subkey->size() : 0) + r.signature.size();
-                    if (!indices.empty() && bytes + size > max_request_bytes) break;
-                    bytes += size;
-                    request.items.push_back({r, in_cache});
-                    indices.push_back(out.records[first]);
-                }
-                ++collected->pending;
-                asio::co_spawn(
-                    st->executor,
-                    store_at(st, out.target, encode(request), std::move(indices), collected),
-                    asio::detached);
-            }
-        }
-        if (collected->pending > 0) co_await collected->wake.wait();
-        co_return std::move(collected->answers);
-    }
-
+                const std::vector<record>& records, bool in_cache);
     template <class Shared>
     static asio::awaitable<void> store_at(state_ptr st, contact_type target, byte_buffer body,
                                           std::vector<std::size_t> indices,
-                                          std::shared_ptr<Shared> collected) {
-        auto [ec, raw] = co_await call(st, target, "dht.store", std::move(body));
-        store_response response;
-        if (!ec && !decode(raw, response, st->options.messages) &&
-            response.statuses.size() == indices.size())
-            collected->answers.emplace_back(std::move(indices), std::move(response.statuses));
-        if (--collected->pending == 0) collected->wake.notify();
-    }
+                                          std::shared_ptr<Shared> collected);
 
     static asio::awaitable<std::pair<std::error_code, key_entry>>
-    get_one(state_ptr st, byte_buffer key, get_options options) {
-        using result = std::pair<std::error_code, key_entry>;
-        std::vector<byte_buffer> keys;
-        keys.push_back(std::move(key));
-        auto [ec, entries] = co_await get_keys(st, std::move(keys), options);
-        if (ec) co_return result{ec, {}};
-        if (!entries.front()) co_return result{errc::not_found, {}};
-        co_return result{std::error_code{}, std::move(*entries.front())};
-    }
-
+    get_one(state_ptr st, byte_buffer key, get_options options);
     static asio::awaitable<std::pair<std::error_code, std::vector<std::optional<key_entry>>>>
-    get_keys(state_ptr st, std::vector<byte_buffer> keys, get_options options) {
-        using result = std::pair<std::error_code, std::vector<std::optional<key_entry>>>;
-        std::vector<std::optional<key_entry>> entries(keys.size());
-        std::vector<dht::id> targets;
-        std::vector<std::size_t> wanted; // indices of keys searched on the network
-        const auto now = st->now();
-        for (std::size_t i = 0; i < keys.size(); ++i) {
-            const auto key = dht::id::of_key(keys[i]);
-            entries[i] = local_entry(st, key, now);
-            if (entries[i] && !options.latest) continue;
-            targets.push_back(key);
-            wanted.push_back(i);
-        }
-        if (targets.empty()) co_return result{std::error_code{}, std::move(entries)};
-        if (st->table.size() == 0 && st->initial_peers.empty() && !st->announce)
-            co_return result{errc::no_peers, std::move(entries)};
-        auto searches = co_await run_lookup(st, targets, true, options.latest);
-        if (st->closed) co_return result{errc::cancelled, std::move(entries)};
-        std::map<crypto::peer_id, outgoing_store> caching;
-        std::vector<record> cached;
-        for (std::size_t n = 0; n < wanted.size(); ++n) {
-            auto& s = searches[n];
-            if (!s.found) continue;
-            detail::merge_entry(entries[wanted[n]], *s.found);
-            if (!st->options.cache_on_get) continue;
-            for (auto& r : detail::records_of(*s.found)) {
-                st->cache.store(r, now);
-                if (!s.nearest_without_value) continue;
-                auto& out = caching[s.nearest_without_value->peer];
-                out.target = *s.nearest_without_value;
-                out.records.push_back(cached.size());
-                cached.push_back(std::move(r));
-            }
-        }
-        if (!caching.empty())
-            asio::co_spawn(st->executor,
-                           send_and_forget(st, std::move(caching), std::move(cached), true),
-                           asio::detached);
-        co_return result{std::error_code{}, std::move(entries)};
-    }
-
+    get_keys(state_ptr st, std::vector<byte_buffer> keys, get_options options);
     /// Sends stores nobody waits for: values cached where a get found them missing
     /// (`in_cache`), or keys handed off to a new node.
     static asio::awaitable<void> send_and_forget(state_ptr st,
                                                  std::map<crypto::peer_id, outgoing_store> out,
-                                                 std::vector<record> records, bool in_cache) {
-        co_await send_stores(st, std::move(out), records, in_cache);
-    }
+                                                 std::vector<record> records, bool in_cache);
 
-    // ---- keeping values where they belong ----------------------------------------------
+    // ---- keeping values where they belong (impl/node_maintenance.hpp) ------------------
 
     /// True if `candidate` is among the num_replicas nodes nearest to `key` that we know of,
     /// counting ourselves.
-    static bool among_replicas(const state_ptr& st, const dht::id& key, const dht::id& candidate) {
-        const auto nearest = st->table.nearest(key, st->options.num_replicas);
-        std::size_t closer_count = 0;
-        for (const auto& c : nearest)
-            if (c.id != candidate && closer(key, c.id, candidate)) ++closer_count;
-        if (candidate != st->self && closer(key, st->self, candidate)) ++closer_count;
-        return closer_count < st->options.num_replicas;
-    }
-
+    static bool among_replicas(const state_ptr& st, const dht::id& key, const dht::id& candidate);
     /// A node was added to the routing table: give it the keys it is now a replica of, if
     /// we are the nearest of the others (so one node hands each key off).
-    static void hand_off(const state_ptr& st, const contact_type& newcomer) {
-        if (!st->announce || st->storage.key_count() == 0) return;
-        std::vector<record> records;
-        st->storage.for_each(st->now(), [&](const dht::id& key, const key_entry& entry) {
-            if (!among_replicas(st, key, newcomer.id)) return;
-            for (const auto& c : st->table.nearest(key, 1, &newcomer.id))
-                if (closer(key, c.id, st->self)) return; // someone else is nearer: theirs to do
-            for (auto& r : detail::records_of(entry))
-                records.push_back(std::move(r));
-            ++st->stats.handoffs;
-        });
-        if (records.empty()) return;
-        std::map<crypto::peer_id, outgoing_store> out;
-        out[newcomer.peer].target = newcomer;
-        for (std::size_t i = 0; i < records.size(); ++i)
-            out[newcomer.peer].records.push_back(i);
-        asio::co_spawn(st->executor, send_and_forget(st, std::move(out), std::move(records), false),
-                       asio::detached);
-    }
-
+    static void hand_off(const state_ptr& st, const contact_type& newcomer);
     /// Stores again every key this node is a replica of on the current nearest nodes.
-    static asio::awaitable<std::error_code> republish(state_ptr st) {
-        st->last_republish = st->now();
-        std::vector<record> records;
-        st->storage.for_each(st->now(), [&](const dht::id& key, const key_entry& entry) {
-            if (!among_replicas(st, key, st->self)) return;
-            ++st->stats.republished;
-            for (auto& r : detail::records_of(entry))
-                records.push_back(std::move(r));
-        });
-        if (!records.empty()) co_await store_records(st, std::move(records));
-        co_return std::error_code{};
-    }
-
-    static asio::awaitable<void> maintain(state_ptr st) {
-        while (!st->closed) {
-            st->maintenance_timer.expires_after(st->options.maintenance_period);
-            // A cancelled wait means close(): the flag says so.
-            co_await st->maintenance_timer.async_wait(
-                asio::experimental::as_tuple(asio::use_awaitable));
-            if (st->closed) co_return;
-            const auto now = st->now();
-            st->storage.remove_expired(now);
-            st->cache.remove_expired(now);
-            std::erase_if(st->blacklist, [&](const auto& entry) {
-                return entry.second.until + st->options.blacklist_max < now;
-            });
-            std::erase_if(st->penalised, [&](const auto& entry) { return entry.second <= now; });
-            if (!st->initial_peers.empty() &&
-                (st->table.size() == 0 ||
-                 now - st->last_bootstrap >= st->options.rebootstrap_interval)) {
-                co_await rebootstrap(st, st->table.size() == 0);
-                continue;
-            }
-            co_await refresh(st, false);
-            if (st->announce && now - st->last_republish >= st->options.republish_interval)
-                co_await republish(st);
-        }
-    }
+    static asio::awaitable<std::error_code> republish(state_ptr st);
+    static asio::awaitable<void> maintain(state_ptr st);
 
     state_ptr state_;
 };
 
 } // namespace hivemesh::dht
+
+// The private members, defined out of class, one file per job. Each of those files includes
+// this one first, so it also compiles alone; #pragma once breaks the cycle.
+#include "hivemesh/dht/impl/node_contacts.hpp"
+#include "hivemesh/dht/impl/node_lookup.hpp"
+#include "hivemesh/dht/impl/node_maintenance.hpp"
+#include "hivemesh/dht/impl/node_operations.hpp"
+#include "hivemesh/dht/impl/node_serving.hpp"
 
 // With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
 // instantiations are compiled once, in src/dht.cpp, not in every translation unit.

@@ -298,25 +298,10 @@ public:
     /// `timeout`, after which the stream is reset with errc::timeout. Errors as
     /// async_call() for the connection.
     asio::awaitable<std::error_code> open_call(peer target, std::string method, duration timeout,
-                                               call_stream& out) {
-        auto st = state_;
-        std::shared_ptr<mux_connection> connection;
-        if (auto ec = co_await connect(st, target, connection)) co_return ec;
-        mux_stream stream;
-        if (auto ec = co_await connection->open(stream)) co_return ec;
-        if (auto ec = co_await stream.send(
-                encode_call_header(call_kind::streaming, method, detail::to_timeout_ms(timeout))))
-            co_return ec;
-        asio::co_spawn(st->executor, reset_after(stream.watch(), timeout, st), asio::detached);
-        out = call_stream(std::move(stream), true);
-        co_return std::error_code{};
-    }
+                                               call_stream& out);
 
     /// Opens a connection to `target` now (calls do it on demand).
-    asio::awaitable<std::error_code> connect(peer target) {
-        std::shared_ptr<mux_connection> connection;
-        co_return co_await connect(state_, std::move(target), connection);
-    }
+    asio::awaitable<std::error_code> connect(peer target);
 
     /// One open connection, as seen by connections().
     struct connection_info {
@@ -345,21 +330,7 @@ public:
 
     /// Stops listening, closes every connection and fails pending calls with
     /// connection_closed. Idempotent.
-    void close() {
-        auto st = state_;
-        if (st->closed) return;
-        st->closed = true;
-        for (auto& l : st->listeners) {
-            l->listener.close();
-            l->retry.cancel();
-        }
-        st->listeners.clear();
-        for (auto connections = st->connections; auto& [id, list] : connections)
-            for (auto& pooled : list)
-                pooled.connection->close();
-        st->connections.clear();
-        st->sweep_timer.cancel();
-    }
+    void close();
 
 private:
     struct pooled_connection {
@@ -411,358 +382,70 @@ private:
             throw std::invalid_argument("hivemesh: invalid RPC method name: " + method);
     }
 
-    // ---- connections ---------------------------------------------------------------
+    // ---- connections (impl/node_connections.hpp) ------------------------------------
 
     static std::shared_ptr<mux_connection> find_connection(const state_ptr& st,
-                                                           const crypto::peer_id& id) {
-        const auto it = st->connections.find(id);
-        if (it == st->connections.end()) return nullptr;
-        for (auto& pooled : it->second)
-            if (pooled.connection->is_open()) {
-                pooled.last_used = ++st->use_clock;
-                return pooled.connection;
-            }
-        return nullptr;
-    }
+                                                           const crypto::peer_id& id);
 
     /// Marks `connection` used now (an incoming call), for the least-recently-used choice.
     static void touch(const state_ptr& st, const crypto::peer_id& remote,
-                      const mux_connection* connection) {
-        const auto it = st->connections.find(remote);
-        if (it == st->connections.end()) return;
-        for (auto& pooled : it->second)
-            if (pooled.connection.get() == connection) pooled.last_used = ++st->use_clock;
-    }
+                      const mux_connection* connection);
 
     /// Closes least recently used idle connections until one more fits under
     /// max_connections, or none is idle. A connection that never carried a stream is not
     /// idle but new: its dialer is about to call on it (closing it would fail that call).
-    static void make_room(const state_ptr& st) {
-        const std::size_t limit = st->options.max_connections;
-        while (true) {
-            std::size_t open = 0;
-            const pooled_connection* oldest = nullptr;
-            for (const auto& [id, list] : st->connections)
-                for (const auto& pooled : list) {
-                    if (!pooled.connection->is_open()) continue;
-                    ++open;
-                    if (pooled.connection->stream_count() == 0 &&
-                        pooled.connection->activity() > 0 &&
-                        (!oldest || pooled.last_used < oldest->last_used))
-                        oldest = &pooled;
-                }
-            if (open < limit || !oldest) return;
-            const auto victim = oldest->connection; // closing removes it from the pool
-            victim->close();
-        }
-    }
+    static void make_room(const state_ptr& st);
 
     /// Runs `handshake` on `stream`, closing the stream if it takes longer than the dial
     /// timeout; then starts a multiplexed connection and adds it to the pool.
     static asio::awaitable<std::error_code> secure(state_ptr st, stream_type raw, crypto::role side,
                                                    std::optional<crypto::peer_id> expected,
-                                                   std::shared_ptr<mux_connection>& out) {
-        using namespace asio::experimental::awaitable_operators;
-        secure_stream<stream_type> stream(std::move(raw));
-        timer_type timer(st->executor);
-        timer.expires_after(st->options.dial_timeout);
-        auto watchdog = [&]() -> asio::awaitable<std::error_code> {
-            auto [ec] =
-                co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-            if (!ec) stream.close();
-            co_return make_error_code(errc::timeout);
-        };
-        auto result = co_await (
-            stream.handshake(side, st->identity, expected, st->options.security) || watchdog());
-        std::error_code ec = result.index() == 0 ? std::get<0>(result) : std::get<1>(result);
-        if (!ec && st->closed) ec = errc::connection_closed;
-        if (ec) {
-            stream.close();
-            co_return ec;
-        }
-        const crypto::peer_id remote = stream.remote_id();
-        // Both ends negotiated the same cipher, so they agree on the frame size too.
-        mux_options mux = st->options.mux;
-        if (stream.cipher() != crypto::cipher::plaintext)
-            mux.frame_payload = mux.encrypted_frame_payload;
-        auto connection = std::make_shared<mux_connection>(
-            st->executor,
-            std::make_unique<detail::secure_record_channel<stream_type>>(std::move(stream)), remote,
-            side == crypto::role::dialer, mux);
-        if (st->options.max_connections > 0) make_room(st);
-        st->connections[remote].push_back({connection, ~std::uint64_t{0}, ++st->use_clock});
-        std::weak_ptr<state> weak = st;
-        std::weak_ptr<mux_connection> weak_connection = connection;
-        connection->start(
-            {},
-            [weak, weak_connection, remote](mux_stream incoming) {
-                if (auto st = weak.lock()) {
-                    if (st->options.max_connections > 0)
-                        touch(st, remote, weak_connection.lock().get());
-                    asio::co_spawn(st->executor, serve_call(st, std::move(incoming)),
-                                   asio::detached);
-                }
-            },
-            [weak, weak_connection, remote](std::error_code) {
-                if (auto st = weak.lock()) forget(st, remote, weak_connection.lock().get());
-            });
-        out = std::move(connection);
-        co_return std::error_code{};
-    }
+                                                   std::shared_ptr<mux_connection>& out);
 
     static void forget(const state_ptr& st, const crypto::peer_id& remote,
-                       const mux_connection* connection) {
-        const auto it = st->connections.find(remote);
-        if (it == st->connections.end()) return;
-        std::erase_if(it->second,
-                      [&](const pooled_connection& p) { return p.connection.get() == connection; });
-        if (it->second.empty()) st->connections.erase(it);
-    }
+                       const mux_connection* connection);
 
     /// An open connection to `target`, dialing if there is none. Concurrent callers share
     /// one dial.
     static asio::awaitable<std::error_code> connect(state_ptr st, peer target,
-                                                    std::shared_ptr<mux_connection>& out) {
-        while (true) {
-            if (st->closed) co_return errc::connection_closed;
-            if ((out = find_connection(st, target.id))) co_return std::error_code{};
-            auto& dial = st->dials[target.id];
-            if (!dial) {
-                dial = std::make_shared<pending_dial>();
-                asio::co_spawn(st->executor, run_dial(st, target, dial), asio::detached);
-            }
-            auto waiter = std::make_shared<wakeup>(st->executor);
-            auto pending = dial;
-            pending->waiters.push_back(waiter);
-            const std::error_code cancelled = co_await waiter->wait();
-            if (cancelled) co_return errc::cancelled;
-            if (pending->result) co_return pending->result;
-        }
-    }
+                                                    std::shared_ptr<mux_connection>& out);
 
     static asio::awaitable<void> run_dial(state_ptr st, peer target,
-                                          std::shared_ptr<pending_dial> dial) {
-        using namespace asio::experimental::awaitable_operators;
-        timer_type timer(st->executor);
-        timer.expires_after(st->options.dial_timeout);
-        auto connected =
-            co_await (st->transport.async_connect(
-                          target.endpoint, asio::experimental::as_tuple(asio::use_awaitable)) ||
-                      timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-        std::error_code ec;
-        if (connected.index() == 0) {
-            auto& [connect_error, stream] = std::get<0>(connected);
-            ec = detail::to_rpc_error(connect_error);
-            if (!ec) {
-                std::shared_ptr<mux_connection> connection;
-                ec = co_await secure(st, std::move(stream), crypto::role::dialer, target.id,
-                                     connection);
-            }
-        } else {
-            ec = errc::timeout;
-        }
-        if (ec) log::debug("net", "dial ", target.id.short_string(), " failed: ", ec.message());
-        dial->result = ec;
-        if (const auto it = st->dials.find(target.id); it != st->dials.end() && it->second == dial)
-            st->dials.erase(it);
-        for (auto& waiter : dial->waiters)
-            waiter->notify();
-    }
+                                          std::shared_ptr<pending_dial> dial);
 
-    static asio::awaitable<void> accept_loop(state_ptr st, std::shared_ptr<listening> l) {
-        // Failures such as EMFILE repeat at once (accept() takes a descriptor before it looks
-        // for a connection): pause rather than spin on the io thread, doubling the pause
-        // while they go on. A failure after a quiet spell starts a new episode.
-        constexpr duration first_pause = 10ms, longest_pause = 1s;
-        duration pause = first_pause;
-        std::optional<time_point> last_failure;
-        while (!st->closed) {
-            auto [ec, stream] = co_await l->listener.async_accept(
-                asio::experimental::as_tuple(asio::use_awaitable));
-            if (st->closed) break;
-            if (!ec) {
-                if (std::exchange(last_failure, std::nullopt)) log::info("net", "accepting again");
-                if (st->statistics.pending_handshakes >= st->options.max_pending_handshakes) {
-                    ++st->statistics.handshakes_refused;
-                    continue; // `stream` closes as it goes out of scope
-                }
-                ++st->statistics.pending_handshakes;
-                asio::co_spawn(st->executor, accept_one(st, std::move(stream)), asio::detached);
-                continue;
-            }
-            if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) break;
-            ++st->statistics.accept_errors;
-            const time_point now = transport_now<Transport>(st->executor);
-            if (!last_failure || now - *last_failure > 2 * longest_pause) {
-                log::warning("net", "accept failed: ", ec.message(), "; retrying with pauses");
-                pause = first_pause;
-            }
-            last_failure = now;
-            l->retry.expires_after(pause);
-            co_await l->retry.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-            pause = std::min<duration>(2 * pause, longest_pause);
-        }
-    }
+    static asio::awaitable<void> accept_loop(state_ptr st, std::shared_ptr<listening> l);
 
-    static asio::awaitable<void> accept_one(state_ptr st, stream_type stream) {
-        std::shared_ptr<mux_connection> connection;
-        const auto ec = co_await secure(st, std::move(stream), crypto::role::listener, std::nullopt,
-                                        connection);
-        --st->statistics.pending_handshakes;
-        if (ec) log::debug("net", "incoming handshake failed: ", ec.message());
-    }
+    static asio::awaitable<void> accept_one(state_ptr st, stream_type stream);
 
     /// Closes connections that had no stream during a whole idle period.
-    static asio::awaitable<void> sweep_idle(state_ptr st) {
-        while (!st->closed) {
-            st->sweep_timer.expires_after(st->options.idle_timeout);
-            auto [ec] = co_await st->sweep_timer.async_wait(
-                asio::experimental::as_tuple(asio::use_awaitable));
-            if (ec || st->closed) break;
-            std::vector<std::shared_ptr<mux_connection>> idle;
-            for (auto& [id, list] : st->connections)
-                for (auto& pooled : list) {
-                    const auto activity = pooled.connection->activity();
-                    if (pooled.connection->stream_count() == 0 && pooled.seen_activity == activity)
-                        idle.push_back(pooled.connection);
-                    pooled.seen_activity = activity;
-                }
-            for (auto& connection : idle)
-                connection->close();
-        }
-    }
+    static asio::awaitable<void> sweep_idle(state_ptr st);
 
-    // ---- calls ---------------------------------------------------------------------
+    // ---- calls (impl/node_calls.hpp) -----------------------------------------------
 
     static asio::awaitable<call_result> unary_call(state_ptr st, peer target, std::string method,
-                                                   byte_buffer request, duration timeout) {
-        using namespace asio::experimental::awaitable_operators;
-        if (!is_valid_method(method)) co_return call_result{errc::invalid_argument, {}};
-        timer_type timer(st->executor);
-        timer.expires_after(timeout);
-        auto result = co_await (
-            unary_exchange(st, std::move(target), std::move(method), std::move(request), timeout) ||
-            timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-        if (result.index() == 0) co_return std::move(std::get<0>(result));
-        const auto [timer_error] = std::get<1>(result);
-        co_return call_result{timer_error ? errc::cancelled : errc::timeout, {}};
-    }
+                                                   byte_buffer request, duration timeout);
 
     static asio::awaitable<call_result> unary_exchange(state_ptr st, peer target,
                                                        std::string method, byte_buffer request,
-                                                       duration timeout) {
-        std::shared_ptr<mux_connection> connection;
-        if (auto ec = co_await connect(st, std::move(target), connection))
-            co_return call_result{ec, {}};
-        mux_stream stream;
-        if (auto ec = co_await connection->open(stream)) co_return call_result{ec, {}};
-        byte_buffer message =
-            encode_call_header(call_kind::unary, method, detail::to_timeout_ms(timeout), request);
-        request = {};
-        if (auto ec = co_await stream.send(std::move(message), true)) co_return call_result{ec, {}};
-        byte_buffer raw;
-        if (auto ec = co_await stream.receive(raw))
-            co_return call_result{
-                ec == asio::error::eof ? make_error_code(errc::protocol_violation) : ec, {}};
-        reply_message reply;
-        if (auto ec = decode_reply(raw, reply); ec || reply.tag == reply_tag::data) {
-            stream.reset(errc::protocol_violation);
-            co_return call_result{errc::protocol_violation, {}};
-        }
-        if (reply.tag == reply_tag::status) co_return call_result{reply.status, {}};
-        co_return call_result{std::error_code{}, byte_buffer(reply.body.begin(), reply.body.end())};
-    }
+                                                       duration timeout);
 
     /// Resets the stream watched by `watch` with errc::timeout unless it ends first.
     static asio::awaitable<void> reset_after(mux_stream::watcher watch, duration timeout,
-                                             state_ptr st) {
-        using namespace asio::experimental::awaitable_operators;
-        timer_type timer(st->executor);
-        timer.expires_after(timeout);
-        auto result =
-            co_await (watch.until_finished() ||
-                      timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-        if (result.index() == 1 && !std::get<0>(std::get<1>(result))) watch.reset(errc::timeout);
-    }
+                                             state_ptr st);
 
     /// Runs a handler's coroutine; what it throws becomes its status code.
     static asio::awaitable<std::error_code> guarded(const std::string& method,
-                                                    asio::awaitable<std::error_code> work) {
-        try {
-            co_return co_await std::move(work);
-        } catch (const std::system_error& e) {
-            co_return e.code();
-        } catch (const std::exception& e) {
-            log::warning("rpc", "handler ", method, " threw: ", e.what());
-            co_return make_error_code(errc::remote_error);
-        }
-    }
+                                                    asio::awaitable<std::error_code> work);
 
-    static asio::awaitable<void> serve_call(state_ptr st, mux_stream stream) {
-        using namespace asio::experimental::awaitable_operators;
-        byte_buffer first;
-        {
-            timer_type timer(st->executor);
-            timer.expires_after(st->options.header_timeout);
-            auto got =
-                co_await (stream.receive(first) ||
-                          timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-            if (got.index() != 0 || std::get<0>(got)) co_return; // dropping the stream resets it
-        }
-        call_header header;
-        if (decode_call_header(first, header)) {
-            stream.reset(errc::protocol_violation);
-            co_return;
-        }
-        const call_context context{stream.remote(), header.method};
-        const duration limit = std::min<duration>(std::chrono::milliseconds(header.timeout_ms),
-                                                  st->options.max_handler_time);
-        auto watch = stream.watch();
-        timer_type timer(st->executor);
-        timer.expires_after(limit);
-
-        if (header.kind == call_kind::unary) {
-            const auto it = st->unary_handlers.find(header.method);
-            if (it == st->unary_handlers.end()) {
-                co_await stream.send(encode_status(errc::refused, "no such method"), true);
-                co_return;
-            }
-            const unary_handler handler = it->second; // the map may change while it runs
-            byte_buffer response;
-            auto outcome =
-                co_await (guarded(header.method, handler(context, header.body, response)) ||
-                          watch.until_finished() ||
-                          timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-            if (outcome.index() == 1) co_return; // the caller went away
-            const std::error_code status =
-                outcome.index() == 0 ? std::get<0>(outcome) : make_error_code(errc::timeout);
-            byte_buffer last = status ? encode_status(status, status.message())
-                                      : encode_reply(reply_tag::reply, response);
-            co_await stream.send(std::move(last), true);
-            co_return;
-        }
-
-        const auto it = st->stream_handlers.find(header.method);
-        if (it == st->stream_handlers.end()) {
-            co_await stream.send(encode_status(errc::refused, "no such method"), true);
-            co_return;
-        }
-        const stream_handler handler = it->second;
-        call_stream call(std::move(stream), false);
-        auto outcome =
-            co_await (guarded(header.method, handler(context, call)) ||
-                      timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-        const std::error_code status =
-            outcome.index() == 0 ? std::get<0>(outcome) : make_error_code(errc::timeout);
-        byte_buffer last =
-            status ? encode_status(status, status.message()) : encode_reply(reply_tag::reply, {});
-        co_await call.stream().send(std::move(last), true);
-    }
+    static asio::awaitable<void> serve_call(state_ptr st, mux_stream stream);
 
     state_ptr state_;
 };
 
 } // namespace hivemesh::net
+
+#include "hivemesh/net/impl/node_calls.hpp"
+#include "hivemesh/net/impl/node_connections.hpp"
 
 // With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
 // instantiations are compiled once, in src/net.cpp, not in every translation unit.

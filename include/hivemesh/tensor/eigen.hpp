@@ -52,6 +52,28 @@ bool eigen_contiguous(const T& t) noexcept {
     return t.innerStride() == 1 && (t.outerSize() <= 1 || t.outerStride() == t.innerSize());
 }
 
+/// Copies `in` to `out` (the same size), converting between float and double.
+template <class From, class To>
+void copy_converted(std::span<const From> in, std::span<To> out) {
+    if constexpr (std::same_as<From, To>)
+        copy_floats(in, out);
+    else
+        std::transform(in.begin(), in.end(), out.begin(),
+                       [](From x) { return static_cast<To>(x); });
+}
+
+/// Calls f(element, k) for every element of `t` (whose memory starts at `data`), k counting
+/// them in storage order; for strided objects.
+template <class T, class Scalar, class F>
+void for_each_strided(const T& t, Scalar* data, F f) {
+    const Eigen::Index inner = t.innerSize(), outer = t.outerSize();
+    const Eigen::Index inner_stride = t.innerStride(), outer_stride = t.outerStride();
+    std::size_t k = 0;
+    for (Eigen::Index j = 0; j < outer; ++j)
+        for (Eigen::Index i = 0; i < inner; ++i)
+            f(data[j * outer_stride + i * inner_stride], k++);
+}
+
 /// The read operations, shared by the read-only and the writable adaptor.
 template <class T>
 struct eigen_reader {
@@ -62,20 +84,11 @@ struct eigen_reader {
     static void copy_to(const T& t, std::span<float> out) {
         check_size(size(t), out.size(), "hivemesh::tensor::copy_to");
         const scalar* data = t.data();
-        if (eigen_contiguous(t)) {
-            if constexpr (std::same_as<scalar, float>)
-                copy_floats(std::span<const float>(data, out.size()), out);
-            else
-                std::transform(data, data + out.size(), out.begin(),
-                               [](scalar x) { return static_cast<float>(x); });
-            return;
-        }
-        const Eigen::Index inner = t.innerSize(), outer = t.outerSize();
-        const Eigen::Index inner_stride = t.innerStride(), outer_stride = t.outerStride();
-        std::size_t k = 0;
-        for (Eigen::Index j = 0; j < outer; ++j)
-            for (Eigen::Index i = 0; i < inner; ++i)
-                out[k++] = static_cast<float>(data[j * outer_stride + i * inner_stride]);
+        if (eigen_contiguous(t))
+            copy_converted(std::span<const scalar>(data, out.size()), out);
+        else
+            for_each_strided(t, data,
+                             [&](scalar x, std::size_t k) { out[k] = static_cast<float>(x); });
     }
 
     static std::optional<std::span<const float>> try_view(const T& t) noexcept {
@@ -100,20 +113,11 @@ struct adaptor<T> : detail::eigen_reader<T> {
     static void copy_from(T& t, std::span<const float> in) {
         detail::check_size(adaptor::size(t), in.size(), "hivemesh::tensor::copy_from");
         scalar* data = t.data();
-        if (detail::eigen_contiguous(t)) {
-            if constexpr (std::same_as<scalar, float>)
-                detail::copy_floats(in, std::span<float>(data, in.size()));
-            else
-                std::transform(in.begin(), in.end(), data,
-                               [](float x) { return static_cast<scalar>(x); });
-            return;
-        }
-        const Eigen::Index inner = t.innerSize(), outer = t.outerSize();
-        const Eigen::Index inner_stride = t.innerStride(), outer_stride = t.outerStride();
-        std::size_t k = 0;
-        for (Eigen::Index j = 0; j < outer; ++j)
-            for (Eigen::Index i = 0; i < inner; ++i)
-                data[j * outer_stride + i * inner_stride] = static_cast<scalar>(in[k++]);
+        if (detail::eigen_contiguous(t))
+            detail::copy_converted(in, std::span<scalar>(data, in.size()));
+        else
+            detail::for_each_strided(
+                t, data, [&](scalar& x, std::size_t k) { x = static_cast<scalar>(in[k]); });
     }
 
     static std::optional<std::span<float>> try_mutable_view(T& t) noexcept {

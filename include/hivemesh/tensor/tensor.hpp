@@ -121,6 +121,48 @@ std::optional<std::span<float>> try_mutable_view(T& t) {
     return detail::adaptor_for<T>::try_mutable_view(t);
 }
 
+namespace detail {
+
+/// What host_view and const_host_view share: the float32 span, and the host copy behind it
+/// when the tensor cannot be viewed in place.
+template <class Float>
+class host_span {
+public:
+    /// True when the span is the tensor's own memory.
+    bool zero_copy() const noexcept { return zero_copy_; }
+
+    std::span<Float> span() const noexcept { return view_; }
+    Float* data() const noexcept { return view_.data(); }
+    std::size_t size() const noexcept { return view_.size(); }
+    auto begin() const noexcept { return view_.begin(); }
+    auto end() const noexcept { return view_.end(); }
+    Float& operator[](std::size_t i) const noexcept { return view_[i]; }
+
+protected:
+    /// Views `in_place` if the adaptor gave it, else a host copy of `t`.
+    template <class T>
+    host_span(std::optional<std::span<Float>> in_place, const T& t) {
+        if (in_place) {
+            view_ = *in_place;
+            zero_copy_ = true;
+        } else {
+            copy_.resize(adaptor_for<T>::size(t));
+            adaptor_for<T>::copy_to(t, copy_);
+            view_ = copy_;
+        }
+    }
+    host_span(const host_span&) = delete;
+    host_span& operator=(const host_span&) = delete;
+
+    std::vector<float> copy_;
+
+private:
+    std::span<Float> view_;
+    bool zero_copy_ = false;
+};
+
+} // namespace detail
+
 /// Writable float32 access to a tensor's elements for the lifetime of the view.
 ///
 /// Contiguous float32 tensors are viewed in place (zero_copy() is true and writes land directly
@@ -129,81 +171,32 @@ std::optional<std::span<float>> try_mutable_view(T& t) {
 /// The destructor never writes back: a view abandoned by an exception leaves the tensor as it
 /// was. The tensor must outlive the view and must not be resized meanwhile.
 template <writable_tensor T>
-class host_view {
+class host_view : public detail::host_span<float> {
 public:
     /// Views `t`; throws what the adaptor throws (e.g. for an unsupported device or dtype).
     explicit host_view(T& t)
-        : tensor_(std::addressof(t)) {
-        if (auto view = detail::adaptor_for<T>::try_mutable_view(t)) {
-            view_ = *view;
-            zero_copy_ = true;
-        } else {
-            copy_.resize(detail::adaptor_for<T>::size(t));
-            detail::adaptor_for<T>::copy_to(t, copy_);
-            view_ = copy_;
-        }
-    }
-
-    host_view(const host_view&) = delete;
-    host_view& operator=(const host_view&) = delete;
+        : host_span(detail::adaptor_for<T>::try_mutable_view(t), t)
+        , tensor_(std::addressof(t)) {}
 
     /// Writes the host copy back into the tensor; a no-op when the view is zero-copy.
     void commit() {
-        if (!zero_copy_) detail::adaptor_for<T>::copy_from(*tensor_, std::span<const float>(copy_));
+        if (!zero_copy())
+            detail::adaptor_for<T>::copy_from(*tensor_, std::span<const float>(copy_));
     }
-
-    /// True when the span is the tensor's own memory.
-    bool zero_copy() const noexcept { return zero_copy_; }
-
-    std::span<float> span() const noexcept { return view_; }
-    float* data() const noexcept { return view_.data(); }
-    std::size_t size() const noexcept { return view_.size(); }
-    auto begin() const noexcept { return view_.begin(); }
-    auto end() const noexcept { return view_.end(); }
-    float& operator[](std::size_t i) const noexcept { return view_[i]; }
 
 private:
     T* tensor_;
-    std::vector<float> copy_;
-    std::span<float> view_;
-    bool zero_copy_ = false;
 };
 
 /// Read-only float32 access to a tensor's elements: zero-copy for contiguous float32 tensors,
 /// otherwise a host copy made on construction. The tensor must outlive the view, and for a
 /// zero-copy view later writes to the tensor show through it.
 template <readable_tensor T>
-class const_host_view {
+class const_host_view : public detail::host_span<const float> {
 public:
     /// Views `t`; throws what the adaptor throws (e.g. for an unsupported device or dtype).
-    explicit const_host_view(const T& t) {
-        if (auto view = detail::adaptor_for<T>::try_view(t)) {
-            view_ = *view;
-            zero_copy_ = true;
-        } else {
-            copy_.resize(detail::adaptor_for<T>::size(t));
-            detail::adaptor_for<T>::copy_to(t, copy_);
-            view_ = copy_;
-        }
-    }
-
-    const_host_view(const const_host_view&) = delete;
-    const_host_view& operator=(const const_host_view&) = delete;
-
-    /// True when the span is the tensor's own memory.
-    bool zero_copy() const noexcept { return zero_copy_; }
-
-    std::span<const float> span() const noexcept { return view_; }
-    const float* data() const noexcept { return view_.data(); }
-    std::size_t size() const noexcept { return view_.size(); }
-    auto begin() const noexcept { return view_.begin(); }
-    auto end() const noexcept { return view_.end(); }
-    const float& operator[](std::size_t i) const noexcept { return view_[i]; }
-
-private:
-    std::vector<float> copy_;
-    std::span<const float> view_;
-    bool zero_copy_ = false;
+    explicit const_host_view(const T& t)
+        : host_span(detail::adaptor_for<T>::try_view(t), t) {}
 };
 
 class tensor_ref;

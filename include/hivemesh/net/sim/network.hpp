@@ -671,12 +671,7 @@ public:
               class ReadToken = asio::default_completion_token_t<executor_type>>
     auto async_read_some(const MutableBufferSequence& buffers,
                          ReadToken&& token = asio::default_completion_token_t<executor_type>()) {
-        return asio::async_initiate<ReadToken, void(std::error_code, std::size_t)>(
-            [this](auto&& handler, const detail::mutable_buffers& list) {
-                detail::start_io(connection_, side_, executor_, list,
-                                 std::forward<decltype(handler)>(handler));
-            },
-            token, detail::mutable_buffers::from(buffers));
+        return initiate_io(token, detail::mutable_buffers::from(buffers));
     }
 
     /// Writes at least one byte, as many as the send buffer has room for, waiting while it is
@@ -689,12 +684,7 @@ public:
               class WriteToken = asio::default_completion_token_t<executor_type>>
     auto async_write_some(const ConstBufferSequence& buffers,
                           WriteToken&& token = asio::default_completion_token_t<executor_type>()) {
-        return asio::async_initiate<WriteToken, void(std::error_code, std::size_t)>(
-            [this](auto&& handler, const detail::const_buffers& list) {
-                detail::start_io(connection_, side_, executor_, list,
-                                 std::forward<decltype(handler)>(handler));
-            },
-            token, detail::const_buffers::from(buffers));
+        return initiate_io(token, detail::const_buffers::from(buffers));
     }
 
 private:
@@ -704,6 +694,17 @@ private:
         : executor_(executor)
         , connection_(std::move(c))
         , side_(side) {}
+
+    /// Starts a read (mutable_buffers) or a write (const_buffers) of `list`.
+    template <class Token, class Buffers>
+    auto initiate_io(Token& token, Buffers list) {
+        return asio::async_initiate<Token, void(std::error_code, std::size_t)>(
+            [this](auto&& handler, const Buffers& buffers) {
+                detail::start_io(connection_, side_, executor_, buffers,
+                                 std::forward<decltype(handler)>(handler));
+            },
+            token, std::move(list));
+    }
 
     endpoint end_point(std::size_t side) const {
         if (!connection_)

@@ -1,0 +1,416 @@
+// One all-reduce round: its state, its lifecycle (checks, layout, the run, the summary)
+// and the watchdog that drops silent members (included by averaging/allreduce.hpp).
+#pragma once
+
+#include "hivemesh/averaging/allreduce.hpp"
+
+namespace hivemesh::averaging {
+
+template <net::transport Transport>
+struct allreduce_service<Transport>::round : std::enable_shared_from_this<round> {
+    /// A member sending to us, as seen by this peer reducing its span.
+    struct sender_slot {
+        bool expected = false;
+        bool connected = false;
+        bool failed = false;
+        bool busy = false; ///< adding a part: not to be dropped meanwhile
+        bool writer_done = false;
+        std::size_t next_part = 0; ///< parts taken from it
+        std::size_t written = 0;   ///< results written back to it
+        double weight = 0;
+        time_point last_progress{};
+        net::call_stream* stream = nullptr;
+        std::unique_ptr<wakeup> results_ready;
+    };
+    /// A member we send to.
+    struct reducer_slot {
+        bool active = false;
+        bool busy = false;
+        time_point last_progress{};
+        net::call_stream* stream = nullptr;
+    };
+
+    round(state_ptr s, group_type g, std::size_t m, std::vector<std::size_t> sizes,
+          std::span<float> l, std::vector<tensor::tensor_ref> t, double w, duration limit)
+        : st(std::move(s))
+        , io(st->executor)
+        , group(std::move(g))
+        , me(m)
+        , span_sizes(std::move(sizes))
+        , local(l)
+        , tensors(std::move(t))
+        , weight(w)
+        , timeout(limit)
+        , part_elements(detail::part_elements_for(st->options.part_size_bytes, st->options.codec,
+                                                  st->options.codec_options))
+        , progress(io)
+        , all_done(io)
+        , deadline_timer(io)
+        , watch_timer(io) {}
+
+    state_ptr st;
+    asio::any_io_executor io;
+    group_type group;
+    std::size_t me;
+    std::vector<std::size_t> span_sizes;
+    std::span<float> local;
+    std::vector<tensor::tensor_ref> tensors;
+    std::vector<float> owned; ///< the flat copy of `tensors`
+    double weight;
+    duration timeout;
+    std::size_t part_elements;
+    std::vector<detail::span_range> spans;
+
+    // Reducing our span.
+    std::vector<sender_slot> senders;
+    /// Our span's weighted sums; part p's start as our own weighted values (zero for
+    /// aux) when its first addition or its average needs them (part_started).
+    detail::uninitialized_floats sums;
+    std::vector<bool> part_started;
+    std::atomic<bool> local_non_finite{false}; ///< set by part_sums, on the reducing strand
+    std::vector<double> part_weight;
+    std::vector<std::vector<bool>> part_contributors;
+    /// Encoded result messages, one buffer written to every sender, until all written.
+    std::vector<std::shared_ptr<byte_buffer>> results;
+    std::shared_ptr<byte_buffer> spare_result; ///< the last freed one, to encode into
+    std::size_t ready = 0;                     ///< parts averaged (always a prefix)
+    std::size_t trimmed = 0;                   ///< results freed (a prefix)
+    wakeup progress;
+
+    // Sending to the others.
+    std::vector<reducer_slot> reducers;
+    std::vector<std::vector<part_outcome>> outcomes; ///< [reducer][part]
+
+    // Lifecycle.
+    std::size_t activities = 0;
+    wakeup all_done;
+    timer_type deadline_timer;
+    timer_type watch_timer;
+    bool registered = false;
+    bool finished = false;
+    bool aborted = false;
+    std::map<std::uint64_t, std::function<void()>> cancellers;
+    std::uint64_t next_canceller = 0;
+    allreduce_result result;
+
+    member_role role() const { return group.members[me].role; }
+    bool reducing() const { return spans[me].size > 0; }
+    std::size_t parts_of(std::size_t k) const {
+        return detail::part_count(spans[k].size, part_elements);
+    }
+    detail::span_range part_range(std::size_t k, std::size_t p) const {
+        const std::size_t begin = spans[k].begin + p * part_elements;
+        return {begin, std::min(part_elements, spans[k].begin + spans[k].size - begin)};
+    }
+    time_point now() const { return st->now(); }
+    const allreduce_hooks& hooks() const { return st->hooks; }
+
+    /// Calls `cancel` on abort() while the returned guard lives.
+    class abort_guard {
+    public:
+        abort_guard(round& r, std::function<void()> cancel)
+            : r_(&r) {
+            if (r.aborted) {
+                cancel();
+                r_ = nullptr;
+                return;
+            }
+            id_ = r.next_canceller++;
+            r.cancellers.emplace(id_, std::move(cancel));
+        }
+        abort_guard(const abort_guard&) = delete;
+        abort_guard& operator=(const abort_guard&) = delete;
+        ~abort_guard() {
+            if (r_) r_->cancellers.erase(id_);
+        }
+
+    private:
+        round* r_;
+        std::uint64_t id_ = 0;
+    };
+
+    /// Stops everything still running: streams are reset, waits end.
+    void abort(std::error_code why) {
+        if (aborted || finished) return;
+        aborted = true;
+        abort_reason = why;
+        auto actions = std::move(cancellers);
+        cancellers.clear();
+        for (auto& [id, action] : actions)
+            action();
+        progress.notify();
+        for (auto& s : senders)
+            if (s.results_ready) s.results_ready->notify();
+    }
+    std::error_code abort_reason;
+
+    /// Runs `work` as one of the round's activities; the round ends when none is left.
+    void spawn(asio::awaitable<void> work) {
+        ++activities;
+        asio::co_spawn(io, std::move(work),
+                       [self = this->shared_from_this()](std::exception_ptr failure) {
+                           if (failure)
+                               self->abort(escaped_exception_code(failure, "allreduce round"));
+                           if (--self->activities == 0) self->all_done.notify();
+                       });
+    }
+
+    asio::awaitable<void> sleep(duration d) {
+        if (d <= duration::zero()) co_return;
+        timer_type timer(io);
+        timer.expires_after(d);
+        abort_guard guard(*this, [&timer] { timer.cancel(); });
+        co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+
+    // ---- the round (impl/allreduce_round.hpp) -------------------------------------------
+    std::error_code check_arguments() const;
+    /// Does a sender's first message match our view of the round?
+    std::error_code check_begin(const begin_message& b, const crypto::peer_id& remote) const;
+    static asio::awaitable<std::pair<std::error_code, allreduce_result>>
+    run(std::shared_ptr<round> self);
+    void unregister();
+    /// Spans, slots and outcome tables.
+    void layout();
+    allreduce_result summarise();
+    /// Drops senders and reducers that make no progress for their timeout; ends when no
+    /// exchange is left to watch.
+    static asio::awaitable<void> watch(std::shared_ptr<round> self);
+
+    // ---- reducing our span (impl/allreduce_reduce.hpp) ----------------------------------
+    /// Part p's sums, started on first use (on the reducing executor): written once
+    /// with our weighted values, just before the part is added to while still in cache.
+    /// Our values are checked as they are read: a non-finite one sets local_non_finite
+    /// (the sums are then unusable; refuse_local_values ends the round).
+    std::span<float> part_sums(std::size_t p);
+    /// Ends the round with invalid_argument if our own values held a NaN or infinity;
+    /// true if so. Called on the node's executor after work that started sums.
+    bool refuse_local_values();
+    static asio::awaitable<void> reduce(std::shared_ptr<round> self);
+    bool part_complete(std::size_t p) const;
+    /// Averages part p, applies it to our own values and queues it for the senders.
+    asio::awaitable<void> finish_part(std::size_t p);
+    /// Frees the results every sender still being answered has already been written.
+    void trim_results();
+    void fail_sender(std::size_t j, errc why);
+    /// Serves sender j's stream: takes its parts and returns the averages.
+    static asio::awaitable<std::error_code>
+    serve_sender(std::shared_ptr<round> self, const begin_message& begin, net::call_stream& stream);
+    static asio::awaitable<void> take_parts(std::shared_ptr<round> self, std::size_t j,
+                                            net::call_stream& stream);
+    static asio::awaitable<void> return_results(std::shared_ptr<round> self, std::size_t j,
+                                                net::call_stream& stream);
+
+    // ---- sending to the others (impl/allreduce_send.hpp) --------------------------------
+    static asio::awaitable<void> send_to(std::shared_ptr<round> self, std::size_t k);
+    static asio::awaitable<void> send_parts(std::shared_ptr<round> self, std::size_t k,
+                                            net::call_stream& stream);
+    static asio::awaitable<void> take_results(std::shared_ptr<round> self, std::size_t k,
+                                              net::call_stream& stream);
+    /// A result's contributors: us among them, and only members with values.
+    bool valid_contributors(const std::vector<bool>& who) const;
+};
+
+template <net::transport Transport>
+std::error_code allreduce_service<Transport>::round::check_arguments() const {
+    const std::size_t n = group.members.size();
+    if (n == 0 || n > st->options.max_group_size || n > 0xFFFF) return errc::invalid_argument;
+    if (me >= n || span_sizes.size() != n) return errc::invalid_argument;
+    if (group.members[me].peer.id != st->rpc->id()) return errc::invalid_argument;
+    std::set<crypto::peer_id> ids;
+    std::size_t total = 0;
+    for (std::size_t k = 0; k < n; ++k) {
+        if (!ids.insert(group.members[k].peer.id).second) return errc::invalid_argument;
+        if (group.members[k].role == member_role::client && span_sizes[k] != 0)
+            return errc::invalid_argument;
+        total += span_sizes[k];
+    }
+    if (sends_values(role())) {
+        if (!std::isfinite(weight) || weight <= 0) return errc::invalid_argument;
+        const std::size_t have = tensors.empty() ? local.size() : tensor::total_size(tensors);
+        if (have != total) return errc::invalid_argument;
+    }
+    if (timeout <= duration::zero()) return errc::invalid_argument;
+    return {};
+}
+
+template <net::transport Transport>
+std::error_code
+allreduce_service<Transport>::round::check_begin(const begin_message& b,
+                                                 const crypto::peer_id& remote) const {
+    const std::size_t n = group.members.size();
+    if (b.group_size != n || b.sender >= n || b.reducer != me || b.sender == me)
+        return errc::protocol_violation;
+    if (group.members[b.sender].peer.id != remote) return errc::refused;
+    if (!sends_values(group.members[b.sender].role)) return errc::protocol_violation;
+    if (b.span_begin != spans[me].begin || b.span_size != spans[me].size ||
+        b.part_elements != part_elements || !std::isfinite(b.weight) || b.weight <= 0)
+        return errc::protocol_violation;
+    return {};
+}
+
+template <net::transport Transport>
+asio::awaitable<std::pair<std::error_code, allreduce_result>>
+allreduce_service<Transport>::round::run(std::shared_ptr<round> self) {
+    auto& r = *self;
+    std::error_code ec = r.check_arguments();
+    if (!ec && r.st->rounds.contains(r.group.id)) ec = errc::invalid_argument;
+    if (ec) co_return std::pair{ec, allreduce_result{}};
+
+    r.layout();
+    // Our values are checked where they are first read, part by part (see
+    // refuse_local_values), not in a pass over the whole tensor up front.
+    if (sends_values(r.role()) && !r.tensors.empty()) {
+        auto flatten = [&r] {
+            r.owned.resize(tensor::total_size(r.tensors));
+            tensor::flatten_to(r.tensors, r.owned);
+            r.local = r.owned;
+        };
+        co_await offload(r.st->compute, flatten);
+    }
+    // Visible to incoming senders only now that the sums and slots exist.
+    if (!r.st->rounds.try_emplace(r.group.id, self).second)
+        co_return std::pair{make_error_code(errc::invalid_argument), allreduce_result{}};
+    r.registered = true;
+    for (auto* joiner : r.st->joiners)
+        joiner->cancel();
+    r.deadline_timer.expires_after(r.timeout);
+    r.deadline_timer.async_wait([weak = std::weak_ptr<round>(self)](std::error_code ec) {
+        if (auto r = weak.lock(); r && !ec) r->abort(errc::timeout);
+    });
+
+    if (r.reducing()) r.spawn(reduce(self));
+    if (sends_values(r.role()))
+        for (std::size_t k = 0; k < r.group.members.size(); ++k)
+            if (k != r.me && r.spans[k].size > 0) r.spawn(send_to(self, k));
+    // The watchdog is no activity: it must not keep a finished round waiting.
+    asio::co_spawn(r.io, watch(self), asio::detached);
+    while (r.activities > 0)
+        co_await r.all_done.wait();
+
+    r.finished = true;
+    if (r.sums.capacity() * sizeof(float) > detail::always_mapped_bytes &&
+        r.sums.capacity() > r.st->spare_sums.capacity())
+        r.st->spare_sums = std::move(r.sums);
+    r.deadline_timer.cancel();
+    r.watch_timer.cancel();
+    r.unregister();
+    if (!r.tensors.empty()) {
+        auto write_back = [&r] { tensor::unflatten_from(r.tensors, r.owned); };
+        co_await offload(r.st->compute, write_back);
+    }
+    if (r.aborted &&
+        (r.abort_reason == errc::cancelled || r.abort_reason == errc::invalid_argument))
+        ec = r.abort_reason;
+    co_return std::pair{ec, r.summarise()};
+}
+
+template <net::transport Transport>
+void allreduce_service<Transport>::round::unregister() {
+    if (!registered) return;
+    registered = false;
+    const auto it = st->rounds.find(group.id);
+    if (it != st->rounds.end()) st->rounds.erase(it);
+}
+
+template <net::transport Transport>
+void allreduce_service<Transport>::round::layout() {
+    const std::size_t n = group.members.size();
+    spans.resize(n);
+    std::size_t begin = 0;
+    for (std::size_t k = 0; k < n; ++k) {
+        spans[k] = {begin, span_sizes[k]};
+        begin += span_sizes[k];
+    }
+    const time_point start = now();
+    senders.resize(n);
+    reducers.resize(n);
+    outcomes.resize(n);
+    for (std::size_t k = 0; k < n; ++k) {
+        auto& s = senders[k];
+        s.expected = reducing() && k != me && sends_values(group.members[k].role);
+        s.last_progress = start;
+        s.results_ready = std::make_unique<wakeup>(io);
+        auto& slot = reducers[k];
+        slot.active = sends_values(role()) && k != me && spans[k].size > 0;
+        slot.last_progress = start;
+        if (!sends_values(role()) && k != me) continue; // aux: only its own span
+        for (std::size_t p = 0; p < parts_of(k); ++p) {
+            const auto range = part_range(k, p);
+            outcomes[k].push_back(part_outcome{range.begin, range.size, k, {}});
+        }
+    }
+    if (reducing()) {
+        const std::size_t parts = parts_of(me);
+        const bool mine = sends_values(role());
+        sums = std::exchange(st->spare_sums, {});
+        sums.resize(spans[me].size);
+        part_started.assign(parts, false);
+        part_weight.assign(parts, mine ? weight : 0.0);
+        part_contributors.assign(parts, std::vector<bool>(n, false));
+        for (auto& who : part_contributors)
+            who[me] = mine;
+        results.resize(parts);
+    }
+}
+
+template <net::transport Transport>
+allreduce_result allreduce_service<Transport>::round::summarise() {
+    allreduce_result out = std::move(result);
+    out.participants.assign(group.members.size(), false);
+    for (auto& parts : outcomes)
+        for (auto& part : parts) {
+            out.elements_total += part.size;
+            if (part.averaged()) out.elements_averaged += part.size;
+            for (std::size_t j = 0; j < part.contributors.size(); ++j)
+                if (part.contributors[j]) out.participants[j] = true;
+            out.parts.push_back(std::move(part));
+        }
+    // Spans follow member order, so this is already vector order; aux peers have one.
+    return out;
+}
+
+template <net::transport Transport>
+asio::awaitable<void> allreduce_service<Transport>::round::watch(std::shared_ptr<round> self) {
+    auto& r = *self;
+    const auto& o = r.st->options;
+    abort_guard guard(r, [&r] { r.watch_timer.cancel(); });
+    while (!r.aborted && !r.finished) {
+        const time_point t = r.now();
+        std::optional<time_point> next;
+        auto consider = [&](time_point due) {
+            if (!next || due < *next) next = due;
+        };
+        for (std::size_t j = 0; j < r.senders.size(); ++j) {
+            auto& s = r.senders[j];
+            if (!s.expected || s.failed || s.next_part >= r.parts_of(r.me)) continue;
+            if (s.busy) {
+                consider(t + o.sender_timeout);
+            } else if (t >= s.last_progress + o.sender_timeout) {
+                r.fail_sender(j, errc::timeout);
+            } else {
+                consider(s.last_progress + o.sender_timeout);
+            }
+        }
+        for (auto& slot : r.reducers) {
+            if (!slot.active) continue;
+            if (slot.busy || !slot.stream) {
+                consider(t + o.reducer_timeout);
+            } else if (t >= slot.last_progress + o.reducer_timeout) {
+                slot.active = false;
+                slot.stream->cancel(errc::timeout);
+            } else {
+                consider(slot.last_progress + o.reducer_timeout);
+            }
+        }
+        if (!next) break;
+        r.watch_timer.expires_after(*next - t);
+        co_await r.watch_timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+}
+
+} // namespace hivemesh::averaging
+
+// Its two sides, after the struct whose members they define.
+#include "hivemesh/averaging/impl/allreduce_reduce.hpp"
+#include "hivemesh/averaging/impl/allreduce_send.hpp"

@@ -1,0 +1,171 @@
+// A round's sending side: streaming our slice of each other member's span to it and
+// applying the averages it returns (included by averaging/impl/allreduce_round.hpp).
+#pragma once
+
+#include "hivemesh/averaging/impl/allreduce_round.hpp"
+
+namespace hivemesh::averaging {
+
+template <net::transport Transport>
+asio::awaitable<void> allreduce_service<Transport>::round::send_to(std::shared_ptr<round> self,
+                                                                   std::size_t k) {
+    using namespace asio::experimental::awaitable_operators;
+    auto& r = *self;
+    auto& slot = r.reducers[k];
+    net::call_stream stream;
+    {
+        timer_type limit(r.io);
+        limit.expires_after(r.timeout);
+        abort_guard guard(r, [&limit] { limit.cancel(); });
+        auto opened =
+            co_await (r.st->rpc->open_call(r.group.members[k].peer, r.st->options.method, r.timeout,
+                                           stream) ||
+                      limit.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        if (opened.index() != 0 || std::get<0>(opened) || r.aborted) {
+            slot.active = false;
+            co_return;
+        }
+    }
+    slot.stream = &stream;
+    slot.last_progress = r.now();
+    {
+        abort_guard guard(r, [&stream] { stream.cancel(errc::cancelled); });
+        begin_message begin;
+        begin.group = r.group.id;
+        begin.group_size = static_cast<std::uint16_t>(r.group.size());
+        begin.sender = static_cast<std::uint16_t>(r.me);
+        begin.reducer = static_cast<std::uint16_t>(k);
+        begin.weight = r.weight;
+        begin.span_begin = r.spans[k].begin;
+        begin.span_size = r.spans[k].size;
+        begin.part_elements = static_cast<std::uint32_t>(r.part_elements);
+        byte_buffer first = encode(begin);
+        r.result.bytes_sent += first.size();
+        const auto ec = co_await stream.write(std::move(first));
+        if (!ec) co_await (send_parts(self, k, stream) && take_results(self, k, stream));
+    }
+    slot.stream = nullptr;
+    slot.active = false;
+}
+
+template <net::transport Transport>
+asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::shared_ptr<round> self,
+                                                                      std::size_t k,
+                                                                      net::call_stream& stream) {
+    using namespace asio::experimental::awaitable_operators;
+    auto& r = *self;
+    auto& slot = r.reducers[k];
+    const std::size_t parts = r.parts_of(k);
+    // A pipeline: part p + 1 is compressed while part p is being written, into the
+    // buffer of part p - 1 once the stream has let go of it (always an empty one).
+    auto next = std::make_shared<byte_buffer>();
+    std::shared_ptr<byte_buffer> spare;
+    std::size_t next_part = 0;
+    std::error_code packed;
+    auto pack = [&] {
+        const auto range = r.part_range(k, next_part);
+        const auto values = r.local.subspan(range.begin, range.size);
+        const auto codec = r.st->options.codec;
+        // Our values are checked here, part by part (the statistical codecs refuse
+        // non-finite input themselves); the check also brings the part into cache.
+        if (!compression::refuses_non_finite(codec) && !compression::all_finite(values)) {
+            packed = errc::non_finite_input;
+            return;
+        }
+        encode_part_head(*next, static_cast<std::uint32_t>(next_part));
+        packed = compression::compress_into(codec, values, *next, r.st->options.codec_options);
+    };
+    if (parts > 0) co_await offload(r.st->compute, pack);
+    for (std::size_t p = 0; p < parts; ++p) {
+        if (r.hooks().before_send) co_await r.sleep(r.hooks().before_send(k, p));
+        if (packed == errc::non_finite_input) r.abort(errc::invalid_argument);
+        if (packed || r.aborted || !slot.active) {
+            stream.cancel(errc::cancelled);
+            co_return;
+        }
+        std::shared_ptr<byte_buffer> message = std::move(next);
+        next = detail::take_if_unshared(spare);
+        r.result.bytes_sent += message->size();
+        r.result.values_sent += r.part_range(k, p).size;
+        slot.last_progress = r.now();
+        std::error_code written;
+        if (p + 1 < parts) {
+            next_part = p + 1;
+            // Named: no temporaries inside co_await (see CONTRIBUTING.md).
+            auto writing = stream.write(message);
+            auto packing = offload(r.st->compute, pack);
+            written = co_await (std::move(writing) && std::move(packing));
+        } else {
+            written = co_await stream.write(message);
+        }
+        spare = std::move(message);
+        if (written) co_return;
+        slot.last_progress = r.now();
+    }
+    co_await stream.close_write();
+}
+
+template <net::transport Transport>
+asio::awaitable<void> allreduce_service<Transport>::round::take_results(std::shared_ptr<round> self,
+                                                                        std::size_t k,
+                                                                        net::call_stream& stream) {
+    auto& r = *self;
+    auto& slot = r.reducers[k];
+    const std::size_t parts = r.parts_of(k);
+    std::vector<float> values;
+    std::size_t p = 0;
+    std::error_code why;
+    byte_buffer storage; // goes back to the stream for a later result
+    for (; p < parts; ++p) {
+        byte_view message;
+        if (auto ec = co_await stream.read(storage, message)) {
+            why = ec;
+            break;
+        }
+        slot.last_progress = r.now();
+        r.result.bytes_received += message.size();
+        part_message part;
+        if (decode_part(message, allreduce_message::result, r.group.size(), part) ||
+            part.part != p || !r.valid_contributors(part.contributors)) {
+            why = errc::protocol_violation;
+            stream.cancel(errc::protocol_violation);
+            break;
+        }
+        const auto range = r.part_range(k, p);
+        std::error_code refused;
+        auto apply = [&] {
+            refused = compression::decompress_finite_into(
+                part.payload, r.local.subspan(range.begin, range.size), values);
+        };
+        slot.busy = true;
+        co_await offload(r.st->compute, apply);
+        slot.busy = false;
+        if (refused) {
+            why = refused;
+            stream.cancel(errc::protocol_violation);
+            break;
+        }
+        r.outcomes[k][p].contributors = std::move(part.contributors);
+        r.result.values_received += range.size;
+        slot.last_progress = r.now();
+    }
+    if (p == parts) { // the reducer's final status, so the call ends cleanly
+        byte_buffer rest;
+        const auto ec = co_await stream.read(rest);
+        if (ec != asio::error::eof) stream.cancel(errc::protocol_violation);
+    } else if (!r.aborted) {
+        log::warning("allreduce", "member ", k, " returned ", p, " of ", parts,
+                     " parts: ", why.message());
+    }
+    slot.active = false;
+}
+
+template <net::transport Transport>
+bool allreduce_service<Transport>::round::valid_contributors(const std::vector<bool>& who) const {
+    if (!who[me]) return false;
+    for (std::size_t j = 0; j < who.size(); ++j)
+        if (who[j] && !sends_values(group.members[j].role)) return false;
+    return true;
+}
+
+} // namespace hivemesh::averaging

@@ -1,0 +1,243 @@
+// dht::node, lookups: the iterative parallel search for several keys at once, batching
+// keys per peer (included by dht/node.hpp).
+#pragma once
+
+#include "hivemesh/dht/node.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace hivemesh::dht {
+
+template <net::transport Transport>
+struct node<Transport>::candidate {
+    contact_type contact;
+    candidate_state status = candidate_state::fresh;
+    std::size_t hop = 1;
+};
+
+template <net::transport Transport>
+struct node<Transport>::search {
+    dht::id target;
+    bool want_value = false;
+    bool latest = false;
+    std::map<dht::id, candidate> candidates; // by distance to target
+    std::size_t in_flight = 0;
+    std::size_t rounds = 0;
+    bool done = false;
+    std::optional<key_entry> found;
+    /// Nearest node that answered without the value (where a get caches it).
+    std::optional<contact_type> nearest_without_value;
+};
+
+template <net::transport Transport>
+struct node<Transport>::reply {
+    contact_type from;
+    std::vector<std::size_t> searches;
+    std::error_code ec;
+    find_response response;
+};
+
+template <net::transport Transport>
+struct node<Transport>::lookup {
+    explicit lookup(const asio::any_io_executor& ex)
+        : wake(ex) {}
+    std::vector<search> searches;
+    std::deque<reply> replies;
+    std::size_t in_flight = 0;
+    wakeup wake;
+};
+
+template <net::transport Transport>
+void node<Transport>::add_candidate(const state_ptr& st, search& s, const contact_type& c,
+                                    std::size_t hop) {
+    if (c.id == st->self) return;
+    s.candidates.try_emplace(c.id ^ s.target, candidate{c, candidate_state::fresh, hop});
+}
+
+template <net::transport Transport>
+bool node<Transport>::finished(const state_ptr& st, search& s) {
+    if (s.done) return true;
+    if (s.want_value && !s.latest && s.found) return s.done = true;
+    std::size_t answered_count = 0;
+    for (auto& [distance, c] : s.candidates) {
+        if (answered_count == st->options.routing.k) break;
+        if (c.status == candidate_state::answered) {
+            ++answered_count;
+            continue;
+        }
+        if (c.status == candidate_state::failed ||
+            (c.status == candidate_state::fresh && blacklisted(st, c.contact.id)))
+            continue;
+        return false; // a near candidate is not asked yet, or its answer is pending
+    }
+    return s.done = true;
+}
+
+template <net::transport Transport>
+auto node<Transport>::next_candidate(const state_ptr& st, search& s) -> candidate* {
+    std::size_t live = 0;
+    for (auto& [distance, c] : s.candidates) {
+        if (c.status == candidate_state::failed) continue;
+        if (live++ == st->options.routing.k) break;
+        if (c.status != candidate_state::fresh) continue;
+        if (blacklisted(st, c.contact.id)) {
+            c.status = candidate_state::failed;
+            --live;
+            continue;
+        }
+        return &c;
+    }
+    return nullptr;
+}
+
+template <net::transport Transport>
+void node<Transport>::launch(const state_ptr& st, const std::shared_ptr<lookup>& l) {
+    for (std::size_t i = 0; i < l->searches.size(); ++i) {
+        auto& s = l->searches[i];
+        while (!finished(st, s) && s.in_flight < st->options.alpha) {
+            candidate* chosen = next_candidate(st, s);
+            if (!chosen) break;
+            const contact_type target = chosen->contact;
+            // Every other live search with this peer among its next candidates rides
+            // along in the same request.
+            std::vector<std::size_t> batch{i};
+            chosen->status = candidate_state::asked;
+            s.rounds = std::max(s.rounds, chosen->hop);
+            ++s.in_flight;
+            for (std::size_t j = 0;
+                 j < l->searches.size() && batch.size() < st->options.max_keys_per_request; ++j) {
+                auto& other = l->searches[j];
+                if (j == i || other.done) continue;
+                const auto it = other.candidates.find(target.id ^ other.target);
+                if (it == other.candidates.end() || it->second.status != candidate_state::fresh)
+                    continue;
+                it->second.status = candidate_state::asked;
+                other.rounds = std::max(other.rounds, it->second.hop);
+                ++other.in_flight;
+                batch.push_back(j);
+            }
+            find_request request{sender(st), {}, static_cast<std::uint32_t>(st->options.routing.k)};
+            for (const auto j : batch)
+                request.keys.push_back(l->searches[j].target);
+            ++l->in_flight;
+            asio::co_spawn(st->executor, ask(st, l, target, std::move(batch), encode(request)),
+                           asio::detached);
+        }
+    }
+}
+
+template <net::transport Transport>
+asio::awaitable<void> node<Transport>::ask(state_ptr st, std::shared_ptr<lookup> l,
+                                           contact_type target, std::vector<std::size_t> batch,
+                                           byte_buffer request) {
+    auto [ec, raw] = co_await call(st, target, "dht.find", std::move(request));
+    reply r{std::move(target), std::move(batch), ec, {}};
+    if (!r.ec) {
+        r.ec = decode(raw, r.response, st->options.messages);
+        if (!r.ec && r.response.results.size() != r.searches.size())
+            r.ec = errc::protocol_violation;
+        if (r.ec) note_failure(st, r.from.id);
+    }
+    l->replies.push_back(std::move(r));
+    --l->in_flight;
+    l->wake.notify();
+}
+
+template <net::transport Transport>
+void node<Transport>::absorb(const state_ptr& st, lookup& l, reply& r) {
+    for (std::size_t n = 0; n < r.searches.size(); ++n) {
+        auto& s = l.searches[r.searches[n]];
+        --s.in_flight;
+        auto it = s.candidates.find(r.from.id ^ s.target);
+        if (it == s.candidates.end()) continue;
+        auto& c = it->second;
+        if (r.ec) {
+            c.status = candidate_state::failed;
+            continue;
+        }
+        c.status = candidate_state::answered;
+        auto& result = r.response.results[n];
+        bool had_value = false;
+        if (result.entry && dht::id::of_key(result.entry->key) == s.target) {
+            // Keep only what our validators accept: a bad record from one node must not
+            // hide good ones from others.
+            key_entry valid{result.entry->key, {}, {}};
+            if (result.entry->plain && !st->validators.validate(result.entry->to_record(
+                                           std::nullopt, *result.entry->plain)))
+                valid.plain = result.entry->plain;
+            for (auto& [subkey, value] : result.entry->dictionary)
+                if (!st->validators.validate(result.entry->to_record(subkey, value)))
+                    valid.dictionary.emplace(subkey, value);
+            had_value = !valid.empty();
+            detail::merge_entry(s.found, valid);
+        }
+        if (!had_value &&
+            (!s.nearest_without_value || closer(s.target, r.from.id, s.nearest_without_value->id)))
+            s.nearest_without_value = r.from;
+        for (const auto& info : result.nearest) {
+            const auto endpoint = Transport::to_endpoint(info.address);
+            if (!endpoint) continue;
+            add_candidate(st, s, contact_type{dht::id::of_peer(info.peer), info.peer, *endpoint},
+                          c.hop + 1);
+        }
+    }
+}
+
+template <net::transport Transport>
+auto node<Transport>::run_lookup(state_ptr st, std::vector<dht::id> targets, bool want_value,
+                                 bool latest, std::optional<std::vector<contact_type>> start)
+    -> asio::awaitable<std::vector<search>> {
+    auto l = std::make_shared<lookup>(st->executor);
+    l->searches.resize(targets.size());
+    const auto now = st->now();
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+        auto& s = l->searches[i];
+        s.target = targets[i];
+        s.want_value = want_value;
+        s.latest = latest;
+        for (const auto& c : start ? *start : st->table.nearest(s.target, st->options.routing.k))
+            add_candidate(st, s, c, 1);
+        st->table.mark_refreshed(s.target, now);
+    }
+    while (!st->closed) {
+        launch(st, l);
+        const bool all_done = std::all_of(l->searches.begin(), l->searches.end(),
+                                          [](const search& s) { return s.done; });
+        if (all_done || l->in_flight == 0) break;
+        const auto cancelled = co_await l->wake.wait();
+        if (cancelled) break;
+        while (!l->replies.empty()) {
+            absorb(st, *l, l->replies.front());
+            l->replies.pop_front();
+        }
+    }
+    for (auto& s : l->searches) {
+        ++st->stats.lookups;
+        st->stats.lookup_rounds += s.rounds;
+    }
+    co_return std::move(l->searches);
+}
+
+template <net::transport Transport>
+auto node<Transport>::answered(const search& s, std::size_t count) -> std::vector<contact_type> {
+    std::vector<contact_type> out;
+    for (const auto& [distance, c] : s.candidates) {
+        if (out.size() == count) break;
+        if (c.status == candidate_state::answered) out.push_back(c.contact);
+    }
+    return out;
+}
+
+} // namespace hivemesh::dht

@@ -1,0 +1,140 @@
+// dht::node, serving: the dht.ping, dht.store and dht.find handlers, with admission, rate
+// limiting and penalties for malformed requests (included by dht/node.hpp).
+#pragma once
+
+#include "hivemesh/dht/node.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <system_error>
+#include <utility>
+
+namespace hivemesh::dht {
+
+template <net::transport Transport>
+void node<Transport>::register_handlers(const state_ptr& st) {
+    // Handlers hold the state weakly: the RPC node may outlive this node.
+    const auto add = [&](const char* method, serve_function serve) {
+        st->rpc->add_handler(method,
+                             [weak = std::weak_ptr<state>(st),
+                              serve](const net::call_context& context, byte_view request,
+                                     byte_buffer& response) -> asio::awaitable<std::error_code> {
+                                 co_return serve(weak.lock(), context, request, response);
+                             });
+    };
+    add("dht.ping", &serve_ping);
+    add("dht.store", &serve_store);
+    add("dht.find", &serve_find);
+}
+
+template <net::transport Transport>
+std::error_code node<Transport>::admit(const state_ptr& st, const net::call_context& context,
+                                       double cost) {
+    if (!st || st->closed) return errc::refused;
+    const auto now = st->now();
+    if (const auto it = st->penalised.find(context.remote);
+        it != st->penalised.end() && it->second > now) {
+        ++st->stats.requests_refused;
+        return errc::rate_limited;
+    }
+    if (!st->limiter.allow(context.remote, now, cost)) {
+        ++st->stats.requests_refused;
+        return errc::rate_limited;
+    }
+    ++st->stats.requests_served;
+    return {};
+}
+
+template <net::transport Transport>
+std::error_code node<Transport>::penalise(const state_ptr& st, const net::call_context& context,
+                                          std::error_code ec) {
+    ++st->stats.requests_refused;
+    st->penalised[context.remote] = st->now() + st->options.penalty;
+    st->table.remove(dht::id::of_peer(context.remote));
+    log::warning("dht", "refused a request from ", context.remote.short_string(), ": ",
+                 ec.message());
+    return ec;
+}
+
+template <net::transport Transport>
+void node<Transport>::note_sender(const state_ptr& st, const net::call_context& context,
+                                  const sender_info& from) {
+    if (!from.listen) return;
+    const auto endpoint = Transport::to_endpoint(*from.listen);
+    if (!endpoint) return;
+    note_alive(st, contact_type{dht::id::of_peer(context.remote), context.remote, *endpoint});
+}
+
+template <net::transport Transport>
+std::error_code node<Transport>::serve_ping(const state_ptr& st, const net::call_context& context,
+                                            byte_view request, byte_buffer& response) {
+    if (auto ec = admit(st, context, 1)) return ec;
+    ping_request ping;
+    if (auto ec = decode(request, ping, st->options.messages)) return penalise(st, context, ec);
+    note_sender(st, context, ping.from);
+    response = encode(ping_response{});
+    return {};
+}
+
+template <net::transport Transport>
+std::error_code node<Transport>::serve_store(const state_ptr& st, const net::call_context& context,
+                                             byte_view request, byte_buffer& response) {
+    if (auto ec = admit(st, context, 1)) return ec;
+    store_request store;
+    if (auto ec = decode(request, store, st->options.messages)) return penalise(st, context, ec);
+    if (!store.items.empty() &&
+        !st->limiter.allow(context.remote, st->now(), static_cast<double>(store.items.size()))) {
+        ++st->stats.requests_refused;
+        return errc::rate_limited;
+    }
+    note_sender(st, context, store.from);
+    store_response reply;
+    reply.statuses.reserve(store.items.size());
+    const auto now = st->now();
+    for (const auto& item : store.items) {
+        if (st->validators.validate(item.item)) {
+            reply.statuses.push_back(store_status::invalid);
+            continue;
+        }
+        auto& target = item.in_cache ? st->cache : st->storage;
+        reply.statuses.push_back(target.store(item.item, now));
+    }
+    response = encode(reply);
+    return {};
+}
+
+template <net::transport Transport>
+std::error_code node<Transport>::serve_find(const state_ptr& st, const net::call_context& context,
+                                            byte_view request, byte_buffer& response) {
+    if (auto ec = admit(st, context, 1)) return ec;
+    find_request find;
+    if (auto ec = decode(request, find, st->options.messages)) return penalise(st, context, ec);
+    note_sender(st, context, find.from);
+    const auto requester = dht::id::of_peer(context.remote);
+    const auto count = std::min<std::size_t>(
+        {find.max_peers, st->options.routing.k, st->options.messages.max_peers});
+    find_response reply;
+    reply.results.reserve(find.keys.size());
+    const auto now = st->now();
+    for (const auto& key : find.keys) {
+        find_result result;
+        result.entry = local_entry(st, key, now);
+        for (const auto& c : st->table.nearest(key, count, &requester))
+            result.nearest.push_back({c.peer, Transport::to_address(c.endpoint)});
+        reply.results.push_back(std::move(result));
+    }
+    response = encode(reply);
+    return {};
+}
+
+template <net::transport Transport>
+std::optional<key_entry> node<Transport>::local_entry(const state_ptr& st, const dht::id& key,
+                                                      time_point now) {
+    auto entry = st->storage.get(key, now);
+    if (auto cached = st->cache.get(key, now)) detail::merge_entry(entry, *cached);
+    return entry;
+}
+
+} // namespace hivemesh::dht

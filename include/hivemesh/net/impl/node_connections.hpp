@@ -1,0 +1,251 @@
+// The RPC node's connection pool: dialing (one dial per peer at a time), accepting,
+// the secure handshake, least-recently-used eviction and the idle sweep (included by
+// net/node.hpp).
+#pragma once
+
+#include "hivemesh/net/node.hpp"
+
+namespace hivemesh::net {
+
+template <transport Transport>
+asio::awaitable<std::error_code> node<Transport>::connect(peer target) {
+    std::shared_ptr<mux_connection> connection;
+    co_return co_await connect(state_, std::move(target), connection);
+}
+
+template <transport Transport>
+void node<Transport>::close() {
+    auto st = state_;
+    if (st->closed) return;
+    st->closed = true;
+    for (auto& l : st->listeners) {
+        l->listener.close();
+        l->retry.cancel();
+    }
+    st->listeners.clear();
+    for (auto connections = st->connections; auto& [id, list] : connections)
+        for (auto& pooled : list)
+            pooled.connection->close();
+    st->connections.clear();
+    st->sweep_timer.cancel();
+}
+
+template <transport Transport>
+std::shared_ptr<mux_connection> node<Transport>::find_connection(const state_ptr& st,
+                                                                 const crypto::peer_id& id) {
+    const auto it = st->connections.find(id);
+    if (it == st->connections.end()) return nullptr;
+    for (auto& pooled : it->second)
+        if (pooled.connection->is_open()) {
+            pooled.last_used = ++st->use_clock;
+            return pooled.connection;
+        }
+    return nullptr;
+}
+
+template <transport Transport>
+void node<Transport>::touch(const state_ptr& st, const crypto::peer_id& remote,
+                            const mux_connection* connection) {
+    const auto it = st->connections.find(remote);
+    if (it == st->connections.end()) return;
+    for (auto& pooled : it->second)
+        if (pooled.connection.get() == connection) pooled.last_used = ++st->use_clock;
+}
+
+template <transport Transport>
+void node<Transport>::make_room(const state_ptr& st) {
+    const std::size_t limit = st->options.max_connections;
+    while (true) {
+        std::size_t open = 0;
+        const pooled_connection* oldest = nullptr;
+        for (const auto& [id, list] : st->connections)
+            for (const auto& pooled : list) {
+                if (!pooled.connection->is_open()) continue;
+                ++open;
+                if (pooled.connection->stream_count() == 0 && pooled.connection->activity() > 0 &&
+                    (!oldest || pooled.last_used < oldest->last_used))
+                    oldest = &pooled;
+            }
+        if (open < limit || !oldest) return;
+        const auto victim = oldest->connection; // closing removes it from the pool
+        victim->close();
+    }
+}
+
+template <transport Transport>
+asio::awaitable<std::error_code> node<Transport>::secure(state_ptr st, stream_type raw,
+                                                         crypto::role side,
+                                                         std::optional<crypto::peer_id> expected,
+                                                         std::shared_ptr<mux_connection>& out) {
+    using namespace asio::experimental::awaitable_operators;
+    secure_stream<stream_type> stream(std::move(raw));
+    timer_type timer(st->executor);
+    timer.expires_after(st->options.dial_timeout);
+    auto watchdog = [&]() -> asio::awaitable<std::error_code> {
+        auto [ec] = co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        if (!ec) stream.close();
+        co_return make_error_code(errc::timeout);
+    };
+    auto result = co_await (stream.handshake(side, st->identity, expected, st->options.security) ||
+                            watchdog());
+    std::error_code ec = result.index() == 0 ? std::get<0>(result) : std::get<1>(result);
+    if (!ec && st->closed) ec = errc::connection_closed;
+    if (ec) {
+        stream.close();
+        co_return ec;
+    }
+    const crypto::peer_id remote = stream.remote_id();
+    // Both ends negotiated the same cipher, so they agree on the frame size too.
+    mux_options mux = st->options.mux;
+    if (stream.cipher() != crypto::cipher::plaintext)
+        mux.frame_payload = mux.encrypted_frame_payload;
+    auto connection = std::make_shared<mux_connection>(
+        st->executor,
+        std::make_unique<detail::secure_record_channel<stream_type>>(std::move(stream)), remote,
+        side == crypto::role::dialer, mux);
+    if (st->options.max_connections > 0) make_room(st);
+    st->connections[remote].push_back({connection, ~std::uint64_t{0}, ++st->use_clock});
+    std::weak_ptr<state> weak = st;
+    std::weak_ptr<mux_connection> weak_connection = connection;
+    connection->start(
+        {},
+        [weak, weak_connection, remote](mux_stream incoming) {
+            if (auto st = weak.lock()) {
+                if (st->options.max_connections > 0)
+                    touch(st, remote, weak_connection.lock().get());
+                asio::co_spawn(st->executor, serve_call(st, std::move(incoming)), asio::detached);
+            }
+        },
+        [weak, weak_connection, remote](std::error_code) {
+            if (auto st = weak.lock()) forget(st, remote, weak_connection.lock().get());
+        });
+    out = std::move(connection);
+    co_return std::error_code{};
+}
+
+template <transport Transport>
+void node<Transport>::forget(const state_ptr& st, const crypto::peer_id& remote,
+                             const mux_connection* connection) {
+    const auto it = st->connections.find(remote);
+    if (it == st->connections.end()) return;
+    std::erase_if(it->second,
+                  [&](const pooled_connection& p) { return p.connection.get() == connection; });
+    if (it->second.empty()) st->connections.erase(it);
+}
+
+template <transport Transport>
+asio::awaitable<std::error_code> node<Transport>::connect(state_ptr st, peer target,
+                                                          std::shared_ptr<mux_connection>& out) {
+    while (true) {
+        if (st->closed) co_return errc::connection_closed;
+        if ((out = find_connection(st, target.id))) co_return std::error_code{};
+        auto& dial = st->dials[target.id];
+        if (!dial) {
+            dial = std::make_shared<pending_dial>();
+            asio::co_spawn(st->executor, run_dial(st, target, dial), asio::detached);
+        }
+        auto waiter = std::make_shared<wakeup>(st->executor);
+        auto pending = dial;
+        pending->waiters.push_back(waiter);
+        const std::error_code cancelled = co_await waiter->wait();
+        if (cancelled) co_return errc::cancelled;
+        if (pending->result) co_return pending->result;
+    }
+}
+
+template <transport Transport>
+asio::awaitable<void> node<Transport>::run_dial(state_ptr st, peer target,
+                                                std::shared_ptr<pending_dial> dial) {
+    using namespace asio::experimental::awaitable_operators;
+    timer_type timer(st->executor);
+    timer.expires_after(st->options.dial_timeout);
+    auto connected =
+        co_await (st->transport.async_connect(target.endpoint,
+                                              asio::experimental::as_tuple(asio::use_awaitable)) ||
+                  timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+    std::error_code ec;
+    if (connected.index() == 0) {
+        auto& [connect_error, stream] = std::get<0>(connected);
+        ec = detail::to_rpc_error(connect_error);
+        if (!ec) {
+            std::shared_ptr<mux_connection> connection;
+            ec =
+                co_await secure(st, std::move(stream), crypto::role::dialer, target.id, connection);
+        }
+    } else {
+        ec = errc::timeout;
+    }
+    if (ec) log::debug("net", "dial ", target.id.short_string(), " failed: ", ec.message());
+    dial->result = ec;
+    if (const auto it = st->dials.find(target.id); it != st->dials.end() && it->second == dial)
+        st->dials.erase(it);
+    for (auto& waiter : dial->waiters)
+        waiter->notify();
+}
+
+template <transport Transport>
+asio::awaitable<void> node<Transport>::accept_loop(state_ptr st, std::shared_ptr<listening> l) {
+    // Failures such as EMFILE repeat at once (accept() takes a descriptor before it looks
+    // for a connection): pause rather than spin on the io thread, doubling the pause
+    // while they go on. A failure after a quiet spell starts a new episode.
+    constexpr duration first_pause = 10ms, longest_pause = 1s;
+    duration pause = first_pause;
+    std::optional<time_point> last_failure;
+    while (!st->closed) {
+        auto [ec, stream] =
+            co_await l->listener.async_accept(asio::experimental::as_tuple(asio::use_awaitable));
+        if (st->closed) break;
+        if (!ec) {
+            if (std::exchange(last_failure, std::nullopt)) log::info("net", "accepting again");
+            if (st->statistics.pending_handshakes >= st->options.max_pending_handshakes) {
+                ++st->statistics.handshakes_refused;
+                continue; // `stream` closes as it goes out of scope
+            }
+            ++st->statistics.pending_handshakes;
+            asio::co_spawn(st->executor, accept_one(st, std::move(stream)), asio::detached);
+            continue;
+        }
+        if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) break;
+        ++st->statistics.accept_errors;
+        const time_point now = transport_now<Transport>(st->executor);
+        if (!last_failure || now - *last_failure > 2 * longest_pause) {
+            log::warning("net", "accept failed: ", ec.message(), "; retrying with pauses");
+            pause = first_pause;
+        }
+        last_failure = now;
+        l->retry.expires_after(pause);
+        co_await l->retry.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        pause = std::min<duration>(2 * pause, longest_pause);
+    }
+}
+
+template <transport Transport>
+asio::awaitable<void> node<Transport>::accept_one(state_ptr st, stream_type stream) {
+    std::shared_ptr<mux_connection> connection;
+    const auto ec =
+        co_await secure(st, std::move(stream), crypto::role::listener, std::nullopt, connection);
+    --st->statistics.pending_handshakes;
+    if (ec) log::debug("net", "incoming handshake failed: ", ec.message());
+}
+
+template <transport Transport>
+asio::awaitable<void> node<Transport>::sweep_idle(state_ptr st) {
+    while (!st->closed) {
+        st->sweep_timer.expires_after(st->options.idle_timeout);
+        auto [ec] =
+            co_await st->sweep_timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        if (ec || st->closed) break;
+        std::vector<std::shared_ptr<mux_connection>> idle;
+        for (auto& [id, list] : st->connections)
+            for (auto& pooled : list) {
+                const auto activity = pooled.connection->activity();
+                if (pooled.connection->stream_count() == 0 && pooled.seen_activity == activity)
+                    idle.push_back(pooled.connection);
+                pooled.seen_activity = activity;
+            }
+        for (auto& connection : idle)
+            connection->close();
+    }
+}
+
+} // namespace hivemesh::net
