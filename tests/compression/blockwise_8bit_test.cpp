@@ -7,13 +7,6 @@
 #include <bit>
 #include <cmath>
 
-using hivemesh::byte_buffer;
-using hivemesh::byte_view;
-using hivemesh::errc;
-using hivemesh::random_generator;
-namespace test = hivemesh::test;
-using namespace hivemesh::compression;
-
 namespace {
 
 // The oracle: index of the nearest map entry by exhaustive search, ties to the lower

@@ -10,12 +10,6 @@
 #include <cstring>
 #include <limits>
 
-using hivemesh::byte_buffer;
-using hivemesh::byte_view;
-using hivemesh::errc;
-using hivemesh::random_generator;
-namespace test = hivemesh::test;
-using namespace hivemesh::compression;
 using hivemesh::test::pattern;
 
 namespace {

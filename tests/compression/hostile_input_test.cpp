@@ -9,18 +9,12 @@
 
 #include <cstring>
 
-using hivemesh::byte_buffer;
-using hivemesh::byte_view;
-using hivemesh::errc;
-using hivemesh::random_generator;
-namespace test = hivemesh::test;
-using namespace hivemesh::compression;
-
 namespace {
 
 byte_buffer valid_buffer(kind k, std::size_t n) {
     return compress(k, test::make_data(test::pattern::normal, n, 5),
-                    {.block_size = 64, .row_length = k == kind::meanstd_16bit ? std::size_t{10} : std::size_t{0}});
+                    {.block_size = 64,
+                     .row_length = k == kind::meanstd_16bit ? std::size_t{10} : std::size_t{0}});
 }
 
 template <class T>
@@ -55,7 +49,8 @@ TEST_CASE("trailing bytes are refused", "[compression][hostile]") {
     CHECK(ec == errc::trailing_data);
 }
 
-TEST_CASE("random corruption never crashes and never leaves partial output", "[compression][hostile]") {
+TEST_CASE("random corruption never crashes and never leaves partial output",
+          "[compression][hostile]") {
     const auto k = GENERATE(from_range(all_kinds));
     CAPTURE(to_string(k));
     const auto original = valid_buffer(k, 300);
@@ -70,7 +65,8 @@ TEST_CASE("random corruption never crashes and never leaves partial output", "[c
         const std::error_code ec = decompress_into(buffer, out);
         if (ec) {
             ++refused;
-            for (float v : out) REQUIRE(v == -7.0f);
+            for (float v : out)
+                REQUIRE(v == -7.0f);
         }
     }
     // Payload flips decode to other valid values; header flips must be caught.
@@ -120,8 +116,9 @@ TEST_CASE("hostile headers are refused before allocating", "[compression][hostil
         CHECK(ec == errc::corrupt_data);
     }
     SECTION("non-finite or negative absmax") {
-        poke<float>(buffer, 20, GENERATE(-1.0f, std::numeric_limits<float>::quiet_NaN(),
-                                         std::numeric_limits<float>::infinity()));
+        poke<float>(buffer, 20,
+                    GENERATE(-1.0f, std::numeric_limits<float>::quiet_NaN(),
+                             std::numeric_limits<float>::infinity()));
         (void)decompress(buffer, ec);
         CHECK(ec == errc::corrupt_data);
     }

@@ -1,10 +1,16 @@
-// Deterministic inputs shared by the compression tests.
+// Deterministic inputs shared by the compression tests, and the names they use unqualified
+// (only the tests in tests/compression/ include this header).
 #pragma once
 
+#include <hivemesh/compression.hpp>
+#include <hivemesh/core/bytes.hpp>
+#include <hivemesh/core/error.hpp>
 #include <hivemesh/core/random.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,9 +20,12 @@ enum class pattern { zeros, constant, normal };
 
 inline const char* to_string(pattern p) {
     switch (p) {
-    case pattern::zeros: return "zeros";
-    case pattern::constant: return "constant";
-    case pattern::normal: return "normal";
+    case pattern::zeros:
+        return "zeros";
+    case pattern::constant:
+        return "constant";
+    case pattern::normal:
+        return "normal";
     }
     return "?";
 }
@@ -25,7 +34,8 @@ inline std::vector<float> make_data(pattern p, std::size_t n, std::uint64_t seed
     std::vector<float> values(n, p == pattern::constant ? 0.375f : 0.0f);
     if (p == pattern::normal) {
         random_generator rng(seed);
-        for (auto& v : values) v = static_cast<float>(rng.normal());
+        for (auto& v : values)
+            v = static_cast<float>(rng.normal());
     }
     return values;
 }
@@ -54,3 +64,11 @@ inline error_stats compare(const std::vector<float>& x, const std::vector<float>
 }
 
 } // namespace hivemesh::test
+
+// The names every compression test uses unqualified.
+using hivemesh::byte_buffer;
+using hivemesh::byte_view;
+using hivemesh::errc;
+using hivemesh::random_generator;
+namespace test = hivemesh::test;
+using namespace hivemesh::compression;

@@ -84,6 +84,13 @@ endmacro()
 default_on(_with_eigen "${HM_HIVEMESH_WITH_EIGEN}")
 default_on(_with_torch "${HM_HIVEMESH_WITH_TORCH}")
 
+# cache_backends(<WITH|EXPECT>): HIVEMESH_<word>_EIGEN and HIVEMESH_<word>_TORCH, as the outer
+# build has HIVEMESH_WITH_EIGEN and HIVEMESH_WITH_TORCH.
+macro(cache_backends word)
+  cache(HIVEMESH_${word}_EIGEN ${_with_eigen})
+  cache(HIVEMESH_${word}_TORCH ${_with_torch})
+endmacro()
+
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 
@@ -98,8 +105,7 @@ if(MODE STREQUAL "install")
   foreach(_option TESTS BENCHMARKS EXAMPLES FUZZERS COMPILED)
     cache(HIVEMESH_BUILD_${_option} OFF)
   endforeach()
-  cache(HIVEMESH_WITH_EIGEN ${_with_eigen})
-  cache(HIVEMESH_WITH_TORCH ${_with_torch})
+  cache_backends(WITH)
   file(WRITE "${WORK_DIR}/init.cmake" "${_init}")
   run("${CMAKE_COMMAND}" ${_generator_args} -C "${WORK_DIR}/init.cmake"
       -S "${HM_PROJECT_SOURCE_DIR}" -B "${_build}")
@@ -152,15 +158,13 @@ elseif(MODE STREQUAL "find_package")
   cache(CMAKE_PREFIX_PATH "${_prefix_path}")
   cache(HIVEMESH_EXPECTED_PREFIX "${HM_PREFIX}")
   cache(HIVEMESH_EXPECTED_VERSION "${HM_PROJECT_VERSION}")
-  cache(HIVEMESH_EXPECT_EIGEN ${_with_eigen})
-  cache(HIVEMESH_EXPECT_TORCH ${_with_torch})
+  cache_backends(EXPECT)
   configure_build_run("${SOURCE_DIR}/find_package")
 
 elseif(MODE STREQUAL "add_subdirectory")
   cache(CMAKE_PREFIX_PATH "${HM_CMAKE_PREFIX_PATH}")
   cache(HIVEMESH_SOURCE_DIR "${HM_PROJECT_SOURCE_DIR}")
-  cache(HIVEMESH_WITH_EIGEN ${_with_eigen})
-  cache(HIVEMESH_WITH_TORCH ${_with_torch})
+  cache_backends(WITH)
   configure_build_run("${SOURCE_DIR}/add_subdirectory")
 
 elseif(MODE STREQUAL "pkg_config")

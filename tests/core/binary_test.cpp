@@ -6,11 +6,13 @@
 #include "support/bytes.hpp"
 
 #include <bit>
+#include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using hivemesh::binary_reader;
@@ -214,70 +216,81 @@ struct message {
 const message sample{0x11,    0x2233,    0x44556677u, 0x8899AABBCCDDEEFFull, -5, 1.5f, -2.25,
                      "hello", {7, 8, 9}, "z"};
 
-// Encodes `m` and records the offset at which each field's encoding ends.
+// Calls `f` on each field of `m` in encoding order: the one list encode(), decode() and
+// expected_prefix() share.
+template <class Message, class F>
+void for_each_field(Message& m, F f) {
+    std::apply([&](auto&... field) { (f(field), ...); },
+               std::tie(m.a, m.b, m.c, m.d, m.e, m.f, m.g, m.h, m.items, m.i));
+}
+
+// One field, with the writer call for its type.
+void write_field(binary_writer& w, std::integral auto value) {
+    w.write(value);
+}
+void write_field(binary_writer& w, float value) {
+    w.write_f32(value);
+}
+void write_field(binary_writer& w, double value) {
+    w.write_f64(value);
+}
+void write_field(binary_writer& w, const std::string& value) {
+    w.write_string(value);
+}
+void write_field(binary_writer& w, const std::vector<std::uint16_t>& items) {
+    w.write(static_cast<std::uint64_t>(items.size()));
+    for (const auto x : items)
+        w.write(x);
+}
+
+// One field, with the reader call for its type (strings and lists of at most 100).
+template <std::integral T>
+void read_field(binary_reader& r, T& value) {
+    value = r.read<T>();
+}
+void read_field(binary_reader& r, float& value) {
+    value = r.read_f32();
+}
+void read_field(binary_reader& r, double& value) {
+    value = r.read_f64();
+}
+void read_field(binary_reader& r, std::string& value) {
+    value = r.read_string(100);
+}
+void read_field(binary_reader& r, std::vector<std::uint16_t>& items) {
+    const std::size_t n = r.read_count(sizeof(std::uint16_t), 100);
+    items.reserve(n);
+    for (std::size_t k = 0; k < n; ++k)
+        items.push_back(r.read<std::uint16_t>());
+}
+
+// Encodes `m` and records the offset at which each field's encoding ends. read_count checks
+// that every element is present, so the count field "ends" with its elements.
 byte_buffer encode(const message& m, std::vector<std::size_t>& ends) {
     byte_buffer buf;
     binary_writer w(buf);
     ends.clear();
-    w.write(m.a);
-    ends.push_back(w.size());
-    w.write(m.b);
-    ends.push_back(w.size());
-    w.write(m.c);
-    ends.push_back(w.size());
-    w.write(m.d);
-    ends.push_back(w.size());
-    w.write(m.e);
-    ends.push_back(w.size());
-    w.write_f32(m.f);
-    ends.push_back(w.size());
-    w.write_f64(m.g);
-    ends.push_back(w.size());
-    w.write_string(m.h);
-    ends.push_back(w.size());
-    // read_count checks that every element is present, so the count field "ends" with them.
-    w.write(static_cast<std::uint64_t>(m.items.size()));
-    for (const auto x : m.items)
-        w.write(x);
-    ends.push_back(w.size());
-    w.write_string(m.i);
-    ends.push_back(w.size());
+    for_each_field(m, [&](const auto& field) {
+        write_field(w, field);
+        ends.push_back(w.size());
+    });
     return buf;
 }
 
 message decode(binary_reader& r) {
     message m;
-    m.a = r.read<std::uint8_t>();
-    m.b = r.read<std::uint16_t>();
-    m.c = r.read<std::uint32_t>();
-    m.d = r.read<std::uint64_t>();
-    m.e = r.read<std::int32_t>();
-    m.f = r.read_f32();
-    m.g = r.read_f64();
-    m.h = r.read_string(100);
-    const std::size_t n = r.read_count(sizeof(std::uint16_t), 100);
-    m.items.reserve(n);
-    for (std::size_t k = 0; k < n; ++k)
-        m.items.push_back(r.read<std::uint16_t>());
-    m.i = r.read_string(100);
+    for_each_field(m, [&](auto& field) { read_field(r, field); });
     return m;
 }
 
 // What decode() must return for a prefix that ends inside field `first_missing`: every
 // earlier field intact, that field and every later one zero (errors are sticky).
 message expected_prefix(std::size_t first_missing) {
-    message m;
-    const message& s = sample;
-    if (first_missing > 0) m.a = s.a;
-    if (first_missing > 1) m.b = s.b;
-    if (first_missing > 2) m.c = s.c;
-    if (first_missing > 3) m.d = s.d;
-    if (first_missing > 4) m.e = s.e;
-    if (first_missing > 5) m.f = s.f;
-    if (first_missing > 6) m.g = s.g;
-    if (first_missing > 7) m.h = s.h;
-    if (first_missing > 8) m.items = s.items;
-    if (first_missing > 9) m.i = s.i;
+    message m = sample;
+    std::size_t index = 0;
+    for_each_field(m, [&](auto& field) {
+        if (index++ >= first_missing) field = {};
+    });
     return m;
 }
 

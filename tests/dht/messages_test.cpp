@@ -19,7 +19,6 @@ namespace dht = hivemesh::dht;
 using hivemesh::byte_buffer;
 using hivemesh::byte_view;
 using hivemesh::errc;
-using hivemesh::time_point;
 using hivemesh::crypto::peer_id;
 using hivemesh::net::peer_address;
 

@@ -26,7 +26,6 @@ using hivemesh::dht::record;
 using hivemesh::dht::storage;
 using hivemesh::dht::storage_limits;
 using hivemesh::dht::store_status;
-using hivemesh::dht::stored_value;
 
 namespace {
 

@@ -27,7 +27,6 @@ using hivemesh::dht::owner_marker;
 using hivemesh::dht::owner_validator;
 using hivemesh::dht::record;
 using hivemesh::dht::record_owner;
-using hivemesh::dht::record_validator;
 using hivemesh::dht::schema_validator;
 using hivemesh::dht::signing_payload;
 using hivemesh::dht::validator_chain;

@@ -3,38 +3,18 @@
 // listener that answered a valid hello) and the options (bit 2 plaintext, bit 3 swarm key);
 // the rest is the message. Every message must be refused with handshake_failed or accepted,
 // and an accepted message 2 or 3 must come from the fixed peer, whose keys the fuzzer does
-// not have. Identities and ephemeral keys are fixed (dialer_seed ...) so that make_corpus.cpp
+// not have. Identities and ephemeral keys are fixed (crypto_seeds.hpp) so that make_corpus.cpp
 // can seed the corpus with the valid messages.
+#include "crypto_seeds.hpp"
+
 #include <hivemesh/crypto/secure_channel.hpp>
 
-#include <array>
 #include <cstdint>
 #include <cstdlib>
 
-namespace {
-
-constexpr std::uint8_t dialer_seed = 0x01, listener_seed = 0x02;
-constexpr std::uint8_t dialer_ephemeral_seed = 0x11, listener_ephemeral_seed = 0x22;
-constexpr std::uint8_t swarm_key_byte = 0x33;
-
-std::array<std::byte, 32> filled(std::uint8_t value) {
-    std::array<std::byte, 32> bytes;
-    bytes.fill(std::byte{value});
-    return bytes;
-}
-
-hivemesh::crypto::secure_options options_for(std::uint8_t selector, std::uint8_t ephemeral) {
-    hivemesh::crypto::secure_options options;
-    options.plaintext = (selector & 4) != 0;
-    if (selector & 8) options.swarm_key = filled(swarm_key_byte);
-    options.ephemeral_seed_for_testing = filled(ephemeral);
-    return options;
-}
-
-} // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     using namespace hivemesh::crypto;
+    using namespace hivemesh::fuzz;
     if (size == 0) return 0;
     static const identity dialer_identity = identity::from_seed(filled(dialer_seed));
     static const identity listener_identity = identity::from_seed(filled(listener_seed));

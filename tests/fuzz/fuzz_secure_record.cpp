@@ -3,27 +3,22 @@
 // must be opened record by record or refused with an error code; sanitizers catch the rest.
 // Plaintext records that open must re-seal to the same bytes, and open from a prefix with
 // the same verdict (record_opener::open_prefix). make_corpus.cpp seeds valid
-// streams sealed with the same key (record_key_byte) and limit (max_record_size).
+// streams sealed with the same key and limit (crypto_seeds.hpp).
+#include "crypto_seeds.hpp"
+
 #include <hivemesh/crypto/secure_channel.hpp>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
-namespace {
-
-constexpr std::uint8_t record_key_byte = 0x5A;
-constexpr std::size_t max_record_size = 1 << 16;
-
-} // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     using namespace hivemesh::crypto;
+    using hivemesh::fuzz::max_record_size;
     if (size == 0) return 0;
     cipher suite = static_cast<cipher>(data[0] % 3);
     if (suite == cipher::aes256_gcm && !aes256_gcm_available()) suite = cipher::chacha20_poly1305;
-    hivemesh::byte_buffer key_bytes(symmetric_key::size, std::byte{record_key_byte});
-    const symmetric_key key(key_bytes);
+    const symmetric_key key = hivemesh::fuzz::record_key();
     secure_options options;
     options.max_record_size = max_record_size;
     record_opener opener(suite, key, options);
@@ -52,14 +47,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (suite == cipher::plaintext) {
             const std::size_t header = record_opener::header_size;
             const std::size_t prefix_size = header + 1 + offset % (record_size - header);
-            prefix_ec = by_prefix.open_prefix(record.first(prefix_size), record_size,
-                                              prefix_type, head);
+            prefix_ec =
+                by_prefix.open_prefix(record.first(prefix_size), record_size, prefix_type, head);
         }
         ec = opener.open(record, type, payload);
         if (suite == cipher::plaintext &&
-            (prefix_ec != ec ||
-             (!ec && (prefix_type != type || head.data() != payload.data() ||
-                      head.size() > payload.size()))))
+            (prefix_ec != ec || (!ec && (prefix_type != type || head.data() != payload.data() ||
+                                         head.size() > payload.size()))))
             std::abort();
         if (ec) break;
         if (payload.data() < record.data() || payload.size() > record.size()) std::abort();

@@ -2,6 +2,8 @@
 // few sizes, zstd payloads, sealed record streams, handshake messages, mux frames, RPC
 // messages, peer addresses, DHT messages and state-sharing messages.
 // Usage: make_corpus <directory>
+#include "crypto_seeds.hpp"
+
 #include <hivemesh/averaging/allreduce_wire.hpp>
 #include <hivemesh/averaging/matchmaking_wire.hpp>
 #include <hivemesh/averaging/state_sharing.hpp>
@@ -31,18 +33,8 @@ void write_file(const std::filesystem::path& path, const hivemesh::byte_buffer& 
               static_cast<std::streamsize>(bytes.size()));
 }
 
-// Keys and seeds the crypto fuzz targets use (see fuzz_secure_record.cpp, fuzz_handshake.cpp).
-constexpr std::uint8_t record_key_byte = 0x5A;
-constexpr std::size_t record_max_size = 1 << 16;
-constexpr std::uint8_t dialer_seed = 0x01, listener_seed = 0x02;
-constexpr std::uint8_t dialer_ephemeral_seed = 0x11, listener_ephemeral_seed = 0x22;
-constexpr std::uint8_t swarm_key_byte = 0x33;
-
-std::array<std::byte, 32> filled(std::uint8_t value) {
-    std::array<std::byte, 32> bytes;
-    bytes.fill(std::byte{value});
-    return bytes;
-}
+// The keys and seeds of the crypto fuzz targets.
+using namespace hivemesh::fuzz;
 
 hivemesh::byte_buffer with_selector(std::uint8_t selector, const hivemesh::byte_buffer& body) {
     hivemesh::byte_buffer out{std::byte{selector}};
@@ -53,13 +45,13 @@ hivemesh::byte_buffer with_selector(std::uint8_t selector, const hivemesh::byte_
 // Streams of records in each mode: with and without the close record, with key updates.
 void write_record_corpus(const std::filesystem::path& dir) {
     using namespace hivemesh::crypto;
-    const symmetric_key key(filled(record_key_byte));
+    const symmetric_key key = record_key();
     for (std::uint8_t mode = 0; mode < 3; ++mode) {
         const auto suite = static_cast<cipher>(mode);
         if (suite == cipher::aes256_gcm && !aes256_gcm_available()) continue;
         for (const bool closed : {false, true}) {
             secure_options options;
-            options.max_record_size = record_max_size;
+            options.max_record_size = max_record_size;
             options.rekey_interval_records = 2;
             record_sealer sealer(suite, key, options);
             hivemesh::byte_buffer stream{std::byte{mode}};
@@ -82,14 +74,9 @@ void write_handshake_corpus(const std::filesystem::path& dir) {
     const auto dialer_identity = identity::from_seed(filled(dialer_seed));
     const auto listener_identity = identity::from_seed(filled(listener_seed));
     for (std::uint8_t flags : {0, 4, 8, 12}) {
-        secure_options dialer_options, listener_options;
-        dialer_options.plaintext = listener_options.plaintext = (flags & 4) != 0;
-        if (flags & 8)
-            dialer_options.swarm_key = listener_options.swarm_key = filled(swarm_key_byte);
-        dialer_options.ephemeral_seed_for_testing = filled(dialer_ephemeral_seed);
-        listener_options.ephemeral_seed_for_testing = filled(listener_ephemeral_seed);
-        handshake dialer(dialer_identity, role::dialer, dialer_options);
-        handshake listener(listener_identity, role::listener, listener_options);
+        handshake dialer(dialer_identity, role::dialer, options_for(flags, dialer_ephemeral_seed));
+        handshake listener(listener_identity, role::listener,
+                           options_for(flags, listener_ephemeral_seed));
         hivemesh::byte_buffer hello, reply, finish, none;
         if (dialer.start(hello) || listener.on_message(hello, reply) ||
             dialer.on_message(reply, finish) || listener.on_message(finish, none))

@@ -1,6 +1,8 @@
 // One RPC peer as an OS process, for the multi-process test (two_processes.sh):
 //   rpc_peer serve <identity file> <port> <address file>   serve until SIGTERM or SIGINT
 //   rpc_peer call <address> <calls>                           call and verify, print "ok <pid>"
+#include "support/echo.hpp"
+
 #include <hivemesh/core/random.hpp>
 #include <hivemesh/crypto.hpp>
 #include <hivemesh/net/address.hpp>
@@ -33,12 +35,7 @@ int serve(const char* identity_file, const char* port_text, const char* address_
         asio::ip::address_v4::loopback(), static_cast<std::uint16_t>(std::stoi(port_text))));
     const auto address = net::tcp::to_address(listener.local_endpoint(), node.id());
     node.serve(std::move(listener));
-    node.add_handler("echo",
-                     [](const net::call_context&, byte_view request,
-                        byte_buffer& response) -> asio::awaitable<std::error_code> {
-                         response.assign(request.begin(), request.end());
-                         co_return std::error_code{};
-                     });
+    test::add_echo_handler(node);
     node.add_handler("pid",
                      [](const net::call_context&, byte_view,
                         byte_buffer& response) -> asio::awaitable<std::error_code> {

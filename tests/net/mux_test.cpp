@@ -67,6 +67,25 @@ asio::awaitable<void> poll_until(asio::io_context& io, Predicate done) {
     }
 }
 
+/// Awaits `op` and requires it to succeed. The co_await stays out of the assertion macro:
+/// g++ 12 miscompiles co_await inside one (CONTRIBUTING.md).
+asio::awaitable<void> require_ok(asio::awaitable<std::error_code> op) {
+    const std::error_code ec = co_await std::move(op);
+    REQUIRE_FALSE(ec);
+}
+
+/// Opens a stream on `connection`, sends `message` on it and returns what the next receive
+/// on that stream reports: how the stream ended from the other side.
+asio::awaitable<std::error_code> send_on_new_stream(mux_connection& connection,
+                                                    byte_buffer message) {
+    mux_stream s;
+    co_await require_ok(connection.open(s));
+    co_await require_ok(s.send(std::move(message)));
+    byte_buffer m;
+    const std::error_code ec = co_await s.receive(m);
+    co_return ec;
+}
+
 /// Every message on `s` until the peer ends it; any other error fails the test.
 asio::awaitable<std::vector<byte_buffer>> receive_until_end(mux_stream& s) {
     std::vector<byte_buffer> got;
@@ -150,21 +169,12 @@ TEST_CASE("messages of every size cross a stream both ways", "[net][mux]") {
     byte_buffer hello_seen;
     auto client = spawn(pair.io, [&]() -> asio::awaitable<void> {
         mux_stream s;
-        {
-            const std::error_code ec = co_await pair.a->open(s);
-            REQUIRE_FALSE(ec);
-        }
-        for (std::size_t i = 0; i < sizes.size(); ++i) {
-            const std::error_code ec =
-                co_await s.send(random_bytes(sizes[i], i), i + 1 == sizes.size());
-            REQUIRE_FALSE(ec);
-        }
+        co_await require_ok(pair.a->open(s));
+        for (std::size_t i = 0; i < sizes.size(); ++i)
+            co_await require_ok(s.send(random_bytes(sizes[i], i), i + 1 == sizes.size()));
         for (std::size_t i = 0; i < sizes.size(); ++i) {
             byte_buffer echo;
-            {
-                const std::error_code ec = co_await s.receive(echo);
-                REQUIRE_FALSE(ec);
-            }
+            co_await require_ok(s.receive(echo));
             CHECK(echo == random_bytes(sizes[i], i));
         }
         byte_buffer none;
@@ -178,10 +188,8 @@ TEST_CASE("messages of every size cross a stream both ways", "[net][mux]") {
         CHECK(s.remote() == fake_id(1));
         std::vector<byte_buffer> got = co_await receive_until_end(s);
         REQUIRE(got.size() == sizes.size());
-        for (std::size_t i = 0; i < got.size(); ++i) {
-            const std::error_code ec = co_await s.send(std::move(got[i]), i + 1 == got.size());
-            REQUIRE_FALSE(ec);
-        }
+        for (std::size_t i = 0; i < got.size(); ++i)
+            co_await require_ok(s.send(std::move(got[i]), i + 1 == got.size()));
     });
     pair.run(client);
     pair.run(server);
@@ -205,15 +213,9 @@ TEST_CASE("the storage of a read message lands a later one, on any stream, up to
     // Sends `count` messages of `size` on a new stream and ends it.
     auto send_stream = [&](std::size_t size, std::size_t seed) -> asio::awaitable<void> {
         mux_stream s;
-        {
-            const std::error_code ec = co_await pair.a->open(s);
-            REQUIRE_FALSE(ec);
-        }
-        for (std::size_t i = 0; i < count; ++i) {
-            const std::error_code ec =
-                co_await s.send(random_bytes(size, seed + i), i + 1 == count);
-            REQUIRE_FALSE(ec);
-        }
+        co_await require_ok(pair.a->open(s));
+        for (std::size_t i = 0; i < count; ++i)
+            co_await require_ok(s.send(random_bytes(size, seed + i), i + 1 == count));
     };
     // Reads the next incoming stream, into one buffer or a fresh one per message.
     std::size_t streams_read = 0;
@@ -225,8 +227,7 @@ TEST_CASE("the storage of a read message lands a later one, on any stream, up to
         for (std::size_t i = 0; i < count; ++i) {
             byte_buffer fresh;
             byte_buffer& m = one_buffer ? kept : fresh;
-            const std::error_code ec = co_await s.receive(m);
-            REQUIRE_FALSE(ec);
+            co_await require_ok(s.receive(m));
             REQUIRE(m == random_bytes(size, seed + i));
         }
     };
@@ -282,10 +283,7 @@ TEST_CASE("prefixed and shared messages arrive whole, across frames, on every st
                                             joined(std::byte{1}, {})};
     auto sender = [&]() -> asio::awaitable<void> {
         mux_stream s;
-        {
-            const std::error_code ec = co_await pair.a->open(s);
-            REQUIRE_FALSE(ec);
-        }
+        co_await require_ok(pair.a->open(s));
         std::vector<net::mux_message> messages(4);
         messages[0].prefix = std::byte{7};
         messages[0].body = random_bytes(2500, 3);
@@ -293,10 +291,8 @@ TEST_CASE("prefixed and shared messages arrive whole, across frames, on every st
         messages[2].prefix = std::byte{9};
         messages[2].shared_body = shared;
         messages[3].prefix = std::byte{1};
-        for (std::size_t i = 0; i < messages.size(); ++i) {
-            const std::error_code ec = co_await s.send(std::move(messages[i]), i == 3);
-            REQUIRE_FALSE(ec);
-        }
+        for (std::size_t i = 0; i < messages.size(); ++i)
+            co_await require_ok(s.send(std::move(messages[i]), i == 3));
     };
     auto first = spawn(pair.io, sender());
     auto second = spawn(pair.io, sender());
@@ -326,10 +322,7 @@ TEST_CASE("a stream that ends while a frame is being placed into it drops only t
     const auto big = random_bytes(5000, 1), small = random_bytes(10, 2);
     auto sender = [&](const byte_buffer& message) -> asio::awaitable<void> {
         mux_stream s;
-        {
-            const std::error_code ec = co_await pair.a->open(s);
-            REQUIRE_FALSE(ec);
-        }
+        co_await require_ok(pair.a->open(s));
         // The receiver may reset the stream before the message is out: either is fine.
         const std::error_code ignored = co_await s.send(message, true);
         (void)ignored;
@@ -353,8 +346,7 @@ TEST_CASE("a stream that ends while a frame is being placed into it drops only t
     auto reader = spawn(pair.io, [&]() -> asio::awaitable<void> {
         co_await poll_until(pair.io, [&] { return pair.incoming_b.size() >= 2; });
         auto& s = pair.incoming_b.back();
-        const std::error_code ec = co_await s.receive(got);
-        REQUIRE_FALSE(ec);
+        co_await require_ok(s.receive(got));
         const std::error_code sent = co_await s.send(small, true);
         CHECK_FALSE(sent);
     });
@@ -377,21 +369,11 @@ TEST_CASE("more streams than the peer allows wait for a free slot", "[net][mux]"
     for (int i = 0; i < calls; ++i) {
         spawn(pair.io, [&, i]() -> asio::awaitable<void> {
             mux_stream s;
-            {
-                const std::error_code ec = co_await pair.a->open(s);
-                REQUIRE_FALSE(ec);
-            }
+            co_await require_ok(pair.a->open(s));
             most_open = std::max(most_open, pair.a->stream_count());
-            {
-                const std::error_code ec =
-                    co_await s.send(random_bytes(10, static_cast<std::uint64_t>(i)), true);
-                REQUIRE_FALSE(ec);
-            }
+            co_await require_ok(s.send(random_bytes(10, static_cast<std::uint64_t>(i)), true));
             byte_buffer reply;
-            {
-                const std::error_code ec = co_await s.receive(reply);
-                REQUIRE_FALSE(ec);
-            }
+            co_await require_ok(s.receive(reply));
             CHECK(reply == random_bytes(10, static_cast<std::uint64_t>(i)));
             ++answered;
         });
@@ -404,14 +386,8 @@ TEST_CASE("more streams than the peer allows wait for a free slot", "[net][mux]"
             pair.incoming_b.clear();
             for (auto& s : streams) {
                 byte_buffer m;
-                {
-                    const std::error_code ec = co_await s.receive(m);
-                    REQUIRE_FALSE(ec);
-                }
-                {
-                    const std::error_code ec = co_await s.send(std::move(m), true);
-                    REQUIRE_FALSE(ec);
-                }
+                co_await require_ok(s.receive(m));
+                co_await require_ok(s.send(std::move(m), true));
                 ++served;
             }
         }
@@ -426,34 +402,19 @@ TEST_CASE("a small message overtakes a large one on another stream", "[net][mux]
     std::vector<std::string> arrival;
     auto big = spawn(pair.io, [&]() -> asio::awaitable<void> {
         mux_stream s;
-        {
-            const std::error_code ec = co_await pair.a->open(s);
-            REQUIRE_FALSE(ec);
-        }
-        {
-            const std::error_code ec = co_await s.send(random_bytes(8 << 20, 1), true);
-            REQUIRE_FALSE(ec);
-        }
+        co_await require_ok(pair.a->open(s));
+        co_await require_ok(s.send(random_bytes(8 << 20, 1), true));
     });
     auto small = spawn(pair.io, [&]() -> asio::awaitable<void> {
         mux_stream s;
-        {
-            const std::error_code ec = co_await pair.a->open(s);
-            REQUIRE_FALSE(ec);
-        }
-        {
-            const std::error_code ec = co_await s.send(random_bytes(100, 2), true);
-            REQUIRE_FALSE(ec);
-        }
+        co_await require_ok(pair.a->open(s));
+        co_await require_ok(s.send(random_bytes(100, 2), true));
     });
     auto reader = spawn(pair.io, [&]() -> asio::awaitable<void> {
         co_await poll_until(pair.io, [&] { return pair.incoming_b.size() >= 2; });
         auto read_one = [&](mux_stream& s) -> asio::awaitable<void> {
             byte_buffer m;
-            {
-                const std::error_code ec = co_await s.receive(m);
-                REQUIRE_FALSE(ec);
-            }
+            co_await require_ok(s.receive(m));
             arrival.push_back(m.size() == 100 ? "small" : "big");
         };
         auto s0 = std::move(pair.incoming_b[0]);
@@ -477,15 +438,9 @@ TEST_CASE("a receiver that stops reading stalls the sender at its window", "[net
     bool sender_done = false;
     spawn(pair.io, [&]() -> asio::awaitable<void> {
         mux_stream s;
-        {
-            const std::error_code ec = co_await pair.a->open(s);
-            REQUIRE_FALSE(ec);
-        }
+        co_await require_ok(pair.a->open(s));
         for (int i = 0; i < 64; ++i) {
-            {
-                const std::error_code ec = co_await s.send(random_bytes(32 << 10, 9));
-                REQUIRE_FALSE(ec);
-            }
+            co_await require_ok(s.send(random_bytes(32 << 10, 9)));
             sent += 32 << 10;
         }
         sender_done = true;
@@ -503,10 +458,7 @@ TEST_CASE("a receiver that stops reading stalls the sender at its window", "[net
         auto& s = pair.incoming_b.front();
         for (int i = 0; i < 64; ++i) {
             byte_buffer m;
-            {
-                const std::error_code ec = co_await s.receive(m);
-                REQUIRE_FALSE(ec);
-            }
+            co_await require_ok(s.receive(m));
             received += m.size();
         }
     });
@@ -519,17 +471,7 @@ TEST_CASE("a reset reaches the other side with its code", "[net][mux]") {
     mux_pair pair;
     std::error_code seen;
     auto client = spawn(pair.io, [&]() -> asio::awaitable<void> {
-        mux_stream s;
-        {
-            const std::error_code ec = co_await pair.a->open(s);
-            REQUIRE_FALSE(ec);
-        }
-        {
-            const std::error_code ec = co_await s.send(random_bytes(10, 1));
-            REQUIRE_FALSE(ec);
-        }
-        byte_buffer m;
-        seen = co_await s.receive(m);
+        seen = co_await send_on_new_stream(*pair.a, random_bytes(10, 1));
     });
     pair.run([&] { return !pair.incoming_b.empty(); });
     pair.incoming_b.front().reset(errc::refused);
@@ -545,22 +487,10 @@ TEST_CASE("dropping a stream resets it, unless it already said everything", "[ne
     byte_buffer kept;
     auto client = spawn(pair.io, [&]() -> asio::awaitable<void> {
         mux_stream s1, s2;
-        {
-            const std::error_code ec = co_await pair.a->open(s1);
-            REQUIRE_FALSE(ec);
-        }
-        {
-            const std::error_code ec = co_await s1.send(random_bytes(1, 1));
-            REQUIRE_FALSE(ec);
-        }
-        {
-            const std::error_code ec = co_await pair.a->open(s2);
-            REQUIRE_FALSE(ec);
-        }
-        {
-            const std::error_code ec = co_await s2.send(random_bytes(1, 2));
-            REQUIRE_FALSE(ec);
-        }
+        co_await require_ok(pair.a->open(s1));
+        co_await require_ok(s1.send(random_bytes(1, 1)));
+        co_await require_ok(pair.a->open(s2));
+        co_await require_ok(s2.send(random_bytes(1, 2)));
         byte_buffer m;
         first = co_await s1.receive(m);
         second = co_await s2.receive(kept);
@@ -572,10 +502,7 @@ TEST_CASE("dropping a stream resets it, unless it already said everything", "[ne
     // Stream 2: a final message with end_stream, then dropped -> the client keeps it.
     auto server = spawn(pair.io, [&]() -> asio::awaitable<void> {
         mux_stream s = std::move(pair.incoming_b[1]);
-        {
-            const std::error_code ec = co_await s.send(random_bytes(5, 5), true);
-            REQUIRE_FALSE(ec);
-        }
+        co_await require_ok(s.send(random_bytes(5, 5), true));
     });
     pair.run(server);
     pair.run(client);
@@ -607,8 +534,7 @@ TEST_CASE("a peer that ends cleanly while our send is queued: what it sent stays
     REQUIRE_FALSE(big.has_value());
     auto server = spawn(pair.io, [&]() -> asio::awaitable<void> {
         mux_stream peer = std::move(pair.incoming_b[0]);
-        const std::error_code ec = co_await peer.send(random_bytes(5, 5), true);
-        REQUIRE_FALSE(ec);
+        co_await require_ok(peer.send(random_bytes(5, 5), true));
     }); // dropped after its last message: a clean end
     pair.run(server);
     pair.run(sender);
@@ -634,10 +560,7 @@ TEST_CASE("a message over the peer's limit is refused before sending", "[net][mu
         // Wait for the server's settings, which carry its limit.
         co_await poll_until(pair.io, [&] { return !pair.a->remote_hello().empty(); });
         mux_stream s;
-        {
-            const std::error_code ec = co_await pair.a->open(s);
-            REQUIRE_FALSE(ec);
-        }
+        co_await require_ok(pair.a->open(s));
         too_big = co_await s.send(random_bytes(1001, 1));
         fits = co_await s.send(random_bytes(1000, 1));
     });
@@ -652,17 +575,7 @@ TEST_CASE("closing a connection fails its streams and pending opens", "[net][mux
     mux_pair pair({}, server_options);
     std::error_code read_error, open_error;
     auto first = spawn(pair.io, [&]() -> asio::awaitable<void> {
-        mux_stream s;
-        {
-            const std::error_code ec = co_await pair.a->open(s);
-            REQUIRE_FALSE(ec);
-        }
-        {
-            const std::error_code ec = co_await s.send(random_bytes(1, 1));
-            REQUIRE_FALSE(ec);
-        }
-        byte_buffer m;
-        read_error = co_await s.receive(m);
+        read_error = co_await send_on_new_stream(*pair.a, random_bytes(1, 1));
     });
     pair.run([&] { return !pair.incoming_b.empty() && !pair.a->remote_hello().empty(); });
     auto second = spawn(pair.io, [&]() -> asio::awaitable<void> {
@@ -713,11 +626,7 @@ struct raw_peer {
     void send(byte_buffer frame) {
         auto task = spawn(io, [this, frame = std::move(frame)]() -> asio::awaitable<void> {
             const byte_view head, body = frame;
-            {
-                const std::error_code ec =
-                    co_await raw->write(std::span(&head, 1), std::span(&body, 1));
-                REQUIRE_FALSE(ec);
-            }
+            co_await require_ok(raw->write(std::span(&head, 1), std::span(&body, 1)));
         });
         REQUIRE(run_until(io, [&] { return task->done; }));
         for (int i = 0; i < 20; ++i)

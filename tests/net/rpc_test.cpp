@@ -1,5 +1,6 @@
 // The RPC suite: every case runs on the simulated network and on loopback TCP.
 #include "support/bytes.hpp"
+#include "support/echo.hpp"
 #include "support/identities.hpp"
 #include "support/worlds.hpp"
 
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -33,6 +35,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
+using test::add_echo_handler;
 using test::identity_of;
 using test::random_bytes;
 using test::sim_world;
@@ -81,19 +84,32 @@ call_outcome call(World& world, Node& node, Peer target, std::string method, byt
     return *outcome;
 }
 
-template <class Node>
-void add_echo_to(Node& node) {
-    node.add_handler("echo",
-                     [](const net::call_context&, byte_view request,
-                        byte_buffer& response) -> asio::awaitable<std::error_code> {
-                         response.assign(request.begin(), request.end());
-                         co_return std::error_code{};
-                     });
-}
-
 template <class World>
 void add_echo(host<World>& h) {
-    add_echo_to(*h.node);
+    add_echo_handler(*h.node);
+}
+
+/// What the method "slow" (see add_slow) has seen.
+struct slow_handler {
+    bool started = false;
+    bool cancelled = false; ///< its wait ended by cancellation
+};
+
+/// A method "slow" that waits an hour of the world's time before it answers.
+template <class World>
+void add_slow(host<World>& h, slow_handler& seen) {
+    h.node->add_handler(
+        "slow",
+        [&seen](const net::call_context&, byte_view,
+                byte_buffer&) -> asio::awaitable<std::error_code> {
+            seen.started = true;
+            typename World::transport_type::timer_type timer(co_await asio::this_coro::executor);
+            timer.expires_after(3600s);
+            auto [ec] =
+                co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+            seen.cancelled = ec == asio::error::operation_aborted;
+            co_return ec;
+        });
 }
 
 /// A streaming method "sink" that hands every message to `on_message` and ends with ok.
@@ -110,6 +126,26 @@ void add_sink(host<World>& h, std::function<void(const byte_buffer&)> on_message
                                        on_message(m);
                                    }
                                });
+}
+
+/// Streams `chunk` to `to`'s "sink" (see add_sink) until `total` bytes went out, ends the
+/// sending side and returns what the next read gives: eof when the handler ended well.
+template <class World>
+asio::awaitable<std::error_code> upload_to_sink(host<World>& from, host<World>& to,
+                                                std::uint64_t total, const byte_buffer& chunk,
+                                                duration timeout) {
+    net::call_stream stream;
+    const auto opened = co_await from.node->open_call(to.peer(), "sink", timeout, stream);
+    REQUIRE_FALSE(opened);
+    for (std::uint64_t sent = 0; sent < total; sent += chunk.size()) {
+        const auto ec = co_await stream.write(chunk);
+        REQUIRE_FALSE(ec);
+    }
+    const auto closed = co_await stream.close_write();
+    REQUIRE_FALSE(closed);
+    byte_buffer m;
+    const auto end = co_await stream.read(m);
+    co_return end;
 }
 
 template <class Coroutine>
@@ -178,20 +214,11 @@ TEMPLATE_TEST_CASE("a deadline ends the call and cancels the handler", "[net][rp
                    tcp_world) {
     TestType world;
     host<TestType> server(world, 1), client(world, 2);
-    bool handler_cancelled = false;
-    server.node->add_handler(
-        "slow",
-        [&](const net::call_context&, byte_view, byte_buffer&) -> asio::awaitable<std::error_code> {
-            typename TestType::transport_type::timer_type timer(co_await asio::this_coro::executor);
-            timer.expires_after(3600s);
-            auto [ec] =
-                co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-            handler_cancelled = ec == asio::error::operation_aborted;
-            co_return ec;
-        });
+    slow_handler slow;
+    add_slow(server, slow);
     const auto outcome = call(world, *client.node, server.peer(), "slow", {}, 300ms);
     CHECK(outcome.ec == errc::timeout);
-    REQUIRE(world.run_until([&] { return handler_cancelled; }, 10s));
+    REQUIRE(world.run_until([&] { return slow.cancelled; }, 10s));
     // The connection survives a timed-out call.
     add_echo(server);
     CHECK_FALSE(call(world, *client.node, server.peer(), "echo", random_bytes(5, 5)).ec);
@@ -201,18 +228,8 @@ TEMPLATE_TEST_CASE("cancelling a call through its slot cancels the handler", "[n
                    sim_world, tcp_world) {
     TestType world;
     host<TestType> server(world, 1), client(world, 2);
-    bool handler_started = false, handler_cancelled = false;
-    server.node->add_handler(
-        "slow",
-        [&](const net::call_context&, byte_view, byte_buffer&) -> asio::awaitable<std::error_code> {
-            handler_started = true;
-            typename TestType::transport_type::timer_type timer(co_await asio::this_coro::executor);
-            timer.expires_after(3600s);
-            auto [ec] =
-                co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-            handler_cancelled = ec == asio::error::operation_aborted;
-            co_return ec;
-        });
+    slow_handler slow;
+    add_slow(server, slow);
     asio::cancellation_signal signal;
     auto outcome = std::make_shared<call_outcome>();
     client.node->async_call(
@@ -221,9 +238,9 @@ TEMPLATE_TEST_CASE("cancelling a call through its slot cancels the handler", "[n
             outcome->done = true;
             outcome->ec = ec;
         }));
-    REQUIRE(world.run_until([&] { return handler_started; }));
+    REQUIRE(world.run_until([&] { return slow.started; }));
     signal.emit(asio::cancellation_type::terminal);
-    REQUIRE(world.run_until([&] { return outcome->done && handler_cancelled; }, 10s));
+    REQUIRE(world.run_until([&] { return outcome->done && slow.cancelled; }, 10s));
     CHECK(outcome->ec == errc::cancelled);
 }
 
@@ -372,18 +389,8 @@ TEMPLATE_TEST_CASE("a small call is answered while a large stream runs on the co
     bool upload_done = false;
     bool small_answered_during_upload = false;
     auto done = spawn_flag(client.node->get_executor(), [&]() -> asio::awaitable<void> {
-        net::call_stream stream;
-        const auto opened = co_await client.node->open_call(server.peer(), "sink", 600s, stream);
-        REQUIRE_FALSE(opened);
         const auto chunk = random_bytes(1 << 20, 1);
-        for (std::size_t sent = 0; sent < total; sent += chunk.size()) {
-            const auto ec = co_await stream.write(chunk);
-            REQUIRE_FALSE(ec);
-        }
-        const auto closed = co_await stream.close_write();
-        REQUIRE_FALSE(closed);
-        byte_buffer m;
-        const auto end = co_await stream.read(m);
+        const auto end = co_await upload_to_sink(client, server, total, chunk, 600s);
         CHECK(end == asio::error::eof);
         upload_done = true;
     });
@@ -406,7 +413,7 @@ TEMPLATE_TEST_CASE("a peer restarting with the same identity is reachable again"
     auto server = std::make_unique<node_type>(server_transport, identity_of(1));
     const auto endpoint = world.listen(*server, server_transport);
     const typename node_type::peer target{server->id(), endpoint};
-    add_echo_to(*server);
+    add_echo_handler(*server);
     CHECK_FALSE(call(world, *client.node, target, "echo", random_bytes(3, 3)).ec);
 
     server.reset(); // the process dies; the client's connection breaks
@@ -415,7 +422,7 @@ TEMPLATE_TEST_CASE("a peer restarting with the same identity is reachable again"
 
     server = std::make_unique<node_type>(server_transport, identity_of(1));
     world.listen_at(*server, server_transport, endpoint);
-    add_echo_to(*server);
+    add_echo_handler(*server);
     const auto again = call(world, *client.node, target, "echo", random_bytes(4, 4));
     CHECK_FALSE(again.ec);
     CHECK(again.response == random_bytes(4, 4));
@@ -583,17 +590,7 @@ TEMPLATE_TEST_CASE("1 GiB streams through one call with bounded buffering", "[ne
     const auto chunk = random_bytes(chunk_size, 7);
     std::error_code status = errc::corrupt_data;
     auto done = spawn_flag(client.node->get_executor(), [&]() -> asio::awaitable<void> {
-        net::call_stream stream;
-        const auto opened = co_await client.node->open_call(server.peer(), "sink", 3600s, stream);
-        REQUIRE_FALSE(opened);
-        for (std::uint64_t sent = 0; sent < total; sent += chunk_size) {
-            const auto ec = co_await stream.write(chunk);
-            REQUIRE_FALSE(ec);
-        }
-        const auto closed = co_await stream.close_write();
-        REQUIRE_FALSE(closed);
-        byte_buffer m;
-        const auto end = co_await stream.read(m);
+        const auto end = co_await upload_to_sink(client, server, total, chunk, 3600s);
         status = end == asio::error::eof ? std::error_code{} : end;
     });
     REQUIRE(world.run_until([&] { return *done; }));

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -59,6 +60,14 @@ void run_all(asio::io_context& context, std::vector<asio::awaitable<void>> tasks
     REQUIRE(finished == count);
 }
 
+/// The same for a fixed set of coroutines, started in this order.
+template <std::same_as<asio::awaitable<void>>... Tasks>
+void run_all(asio::io_context& context, Tasks... tasks) {
+    std::vector<asio::awaitable<void>> all;
+    (all.push_back(std::move(tasks)), ...);
+    run_all(context, std::move(all));
+}
+
 std::pair<unix_socket, unix_socket> unix_pair(asio::io_context& context) {
     unix_socket a(context), b(context);
     asio::local::connect_pair(a, b);
@@ -81,6 +90,13 @@ struct connected {
     secure_stream<Socket> listener;
 };
 
+/// Secure streams over the two ends of `sockets`, not handshaken yet.
+template <class Socket>
+connected<Socket> secure_ends(std::pair<Socket, Socket> sockets) {
+    return {secure_stream<Socket>(std::move(sockets.first)),
+            secure_stream<Socket>(std::move(sockets.second))};
+}
+
 /// Handshakes both ends concurrently; returns (dialer error, listener error).
 template <class Socket>
 std::pair<std::error_code, std::error_code>
@@ -100,10 +116,7 @@ handshake_both(asio::io_context& context, connected<Socket>& ends, const identit
                                                           listener_options);
         if (listener_error) ends.listener.close();
     };
-    std::vector<asio::awaitable<void>> tasks;
-    tasks.push_back(dial());
-    tasks.push_back(listen());
-    run_all(context, std::move(tasks));
+    run_all(context, dial(), listen());
     return {dialer_error, listener_error};
 }
 
@@ -251,9 +264,7 @@ void check_round_trips(MakePair make_pair) {
             const bool one_write = variant == 0, placing = variant == 2;
             CAPTURE(m.plaintext, m.aes, one_write, placing);
             asio::io_context context;
-            auto [a, b] = make_pair(context);
-            connected<Socket> ends{secure_stream<Socket>(std::move(a)),
-                                   secure_stream<Socket>(std::move(b))};
+            auto ends = secure_ends(make_pair(context));
             secure_options options;
             options.plaintext = m.plaintext;
             options.allow_aes_gcm = m.aes;
@@ -325,10 +336,7 @@ TEST_CASE("a listener refuses a raw socket that writes garbage", "[net][secure_s
             byte_view message;
             read_error = co_await listener.read(message);
         };
-        std::vector<asio::awaitable<void>> tasks;
-        tasks.push_back(write_raw(raw, garbage));
-        tasks.push_back(listen());
-        run_all(context, std::move(tasks));
+        run_all(context, write_raw(raw, garbage), listen());
         CHECK(ec == errc::handshake_failed);
         CHECK(read_error == errc::handshake_failed); // the stream stays failed
         CHECK_THROWS_AS(listener.remote_id(), std::logic_error);
@@ -350,9 +358,7 @@ TEST_CASE("secure_stream refuses bad records from an authenticated peer", "[net]
     cases.push_back({forged, errc::authentication_failed});
     for (const auto& c : cases) {
         asio::io_context context;
-        auto [a, b] = unix_pair(context);
-        connected<unix_socket> ends{secure_stream<unix_socket>(std::move(a)),
-                                    secure_stream<unix_socket>(std::move(b))};
+        auto ends = secure_ends(unix_pair(context));
         secure_options options;
         options.max_record_size = 4096;
         const auto errors = handshake_both(context, ends, alice, bob, options, options);
@@ -364,10 +370,7 @@ TEST_CASE("secure_stream refuses bad records from an authenticated peer", "[net]
             first = co_await ends.listener.read(message);
             second = co_await ends.listener.read(message);
         };
-        std::vector<asio::awaitable<void>> tasks;
-        tasks.push_back(write_raw(ends.dialer.next_layer(), c.bytes));
-        tasks.push_back(receive());
-        run_all(context, std::move(tasks));
+        run_all(context, write_raw(ends.dialer.next_layer(), c.bytes), receive());
         CHECK(first == c.expected);
         CHECK(second == c.expected);
     }
@@ -376,9 +379,7 @@ TEST_CASE("secure_stream refuses bad records from an authenticated peer", "[net]
 TEST_CASE("secure_stream refuses to send an oversized message", "[net][secure_stream]") {
     const auto alice = identity_of(1), bob = identity_of(2);
     asio::io_context context;
-    auto [a, b] = unix_pair(context);
-    connected<unix_socket> ends{secure_stream<unix_socket>(std::move(a)),
-                                secure_stream<unix_socket>(std::move(b))};
+    auto ends = secure_ends(unix_pair(context));
     secure_options options;
     options.max_record_size = 4096;
     REQUIRE_FALSE(handshake_both(context, ends, alice, bob, options, options).first);
@@ -393,9 +394,7 @@ TEST_CASE("secure_stream refuses to send an oversized message", "[net][secure_st
         CHECK_FALSE(ec);
         CHECK(message.size() == 10);
     };
-    std::vector<asio::awaitable<void>> tasks;
-    tasks.push_back(exchange());
-    run_all(context, std::move(tasks));
+    run_all(context, exchange());
     CHECK(too_large == errc::message_too_large);
     CHECK_FALSE(after);
 }
@@ -403,9 +402,7 @@ TEST_CASE("secure_stream refuses to send an oversized message", "[net][secure_st
 TEST_CASE("a stream that ends without a close record is truncated", "[net][secure_stream]") {
     const auto alice = identity_of(1), bob = identity_of(2);
     asio::io_context context;
-    auto [a, b] = unix_pair(context);
-    connected<unix_socket> ends{secure_stream<unix_socket>(std::move(a)),
-                                secure_stream<unix_socket>(std::move(b))};
+    auto ends = secure_ends(unix_pair(context));
     REQUIRE_FALSE(handshake_both(context, ends, alice, bob).first);
     std::error_code first, second;
     const auto exchange = [&]() -> asio::awaitable<void> {
@@ -417,9 +414,7 @@ TEST_CASE("a stream that ends without a close record is truncated", "[net][secur
         CHECK(hivemesh::as_string_view(message) == "last words");
         second = co_await ends.listener.read(message);
     };
-    std::vector<asio::awaitable<void>> tasks;
-    tasks.push_back(exchange());
-    run_all(context, std::move(tasks));
+    run_all(context, exchange());
     CHECK_FALSE(first);
     CHECK(second == errc::connection_truncated);
 }
@@ -432,9 +427,7 @@ TEST_CASE("a plaintext record cut off while placed is truncated, and the head su
     for (const bool wrong_span : {false, true}) {
         CAPTURE(wrong_span);
         asio::io_context context;
-        auto [a, b] = unix_pair(context);
-        connected<unix_socket> ends{secure_stream<unix_socket>(std::move(a)),
-                                    secure_stream<unix_socket>(std::move(b))};
+        auto ends = secure_ends(unix_pair(context));
         REQUIRE_FALSE(handshake_both(context, ends, alice, bob, options, options).first);
         // A data record announcing 100,000 payload bytes, of which 30,000 arrive.
         const std::size_t payload = 100'000, sent = 30'000;
@@ -466,10 +459,7 @@ TEST_CASE("a plaintext record cut off while placed is truncated, and the head su
             co_await write_raw(ends.dialer.next_layer(), raw);
             ends.dialer.close();
         };
-        std::vector<asio::awaitable<void>> tasks;
-        tasks.push_back(send());
-        tasks.push_back(receive());
-        run_all(context, std::move(tasks));
+        run_all(context, send(), receive());
         if (wrong_span) {
             CHECK(threw);
             continue;
@@ -498,10 +488,7 @@ TEST_CASE("the handshake fails promptly when the connection goes away", "[net][s
         const auto listen = [&]() -> asio::awaitable<void> {
             ec = co_await listener.handshake(role::listener, bob);
         };
-        std::vector<asio::awaitable<void>> tasks;
-        tasks.push_back(hang_up());
-        tasks.push_back(listen());
-        run_all(context, std::move(tasks));
+        run_all(context, hang_up(), listen());
         CHECK(ec == errc::connection_closed);
     }
     SECTION("listener reads the hello and hangs up") {
@@ -518,10 +505,7 @@ TEST_CASE("the handshake fails promptly when the connection goes away", "[net][s
         const auto dial = [&]() -> asio::awaitable<void> {
             ec = co_await dialer.handshake(role::dialer, alice, bob.id());
         };
-        std::vector<asio::awaitable<void>> tasks;
-        tasks.push_back(hang_up());
-        tasks.push_back(dial());
-        run_all(context, std::move(tasks));
+        run_all(context, hang_up(), dial());
         CHECK(ec == errc::connection_closed);
     }
     SECTION("closing our own stream from a timer cancels the handshake") {
@@ -537,10 +521,7 @@ TEST_CASE("the handshake fails promptly when the connection goes away", "[net][s
         const auto dial = [&]() -> asio::awaitable<void> {
             ec = co_await dialer.handshake(role::dialer, alice, bob.id());
         };
-        std::vector<asio::awaitable<void>> tasks;
-        tasks.push_back(deadline());
-        tasks.push_back(dial());
-        run_all(context, std::move(tasks));
+        run_all(context, deadline(), dial());
         CHECK(ec == asio::error::operation_aborted);
     }
 }
@@ -549,9 +530,7 @@ TEST_CASE("secure_stream reports the wrong peer and a foreign swarm", "[net][sec
     const auto alice = identity_of(1), bob = identity_of(2), mallory = identity_of(3);
     {
         asio::io_context context;
-        auto [a, b] = tcp_pair(context);
-        connected<tcp_socket> ends{secure_stream<tcp_socket>(std::move(a)),
-                                   secure_stream<tcp_socket>(std::move(b))};
+        auto ends = secure_ends(tcp_pair(context));
         const auto [dialer_error, listener_error] =
             handshake_both(context, ends, alice, mallory, {}, {}, bob.id());
         CHECK(dialer_error == errc::peer_id_mismatch);
@@ -559,9 +538,7 @@ TEST_CASE("secure_stream reports the wrong peer and a foreign swarm", "[net][sec
     }
     {
         asio::io_context context;
-        auto [a, b] = tcp_pair(context);
-        connected<tcp_socket> ends{secure_stream<tcp_socket>(std::move(a)),
-                                   secure_stream<tcp_socket>(std::move(b))};
+        auto ends = secure_ends(tcp_pair(context));
         secure_options swarm;
         swarm.swarm_key = std::array<std::byte, 32>{std::byte{7}};
         const auto [dialer_error, listener_error] =

@@ -2,35 +2,14 @@
 // "hivemesh consumer: ok" and returns 0 when every check passes.
 #include <hivemesh/core.hpp>
 
-// hivemesh::hivemesh must bring its dependencies' headers and libraries.
-#include <asio/version.hpp>
-#include <sodium.h>
-#include <xxhash.h>
-#include <zstd.h>
+#include "../consumer_checks.hpp"
 
 #include <cstdint>
-#include <cstdio>
 #include <limits>
 #include <string>
 #include <system_error>
 
-static_assert(__cplusplus >= 202002L, "hivemesh's usage requirements must ask for C++20");
-#ifndef ASIO_STANDALONE
-#error "hivemesh's usage requirements must define ASIO_STANDALONE"
-#endif
-
-namespace {
-
-int failures = 0;
-
-void check(bool ok, const char* what) {
-    if (!ok) {
-        std::fprintf(stderr, "FAILED: %s\n", what);
-        ++failures;
-    }
-}
-
-} // namespace
+using consumer::check;
 
 int main() {
     hivemesh::byte_buffer buf;
@@ -67,12 +46,6 @@ int main() {
         check(e.code() == hivemesh::errc::length_limit_exceeded, "system_error carries errc");
     }
 
-    check(sodium_init() >= 0, "libsodium links and initialises");
-    check(XXH64("", 0, 0) == 0xEF46DB3751D8E999ULL, "xxHash links");
-    check(ZSTD_versionNumber() >= 10400, "zstd links");
-    check(ASIO_VERSION >= 101800, "Asio is at least 1.18");
-
-    if (failures != 0) return 1;
-    std::puts("hivemesh consumer: ok");
-    return 0;
+    consumer::check_dependencies();
+    return consumer::finish();
 }

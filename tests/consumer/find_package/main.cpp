@@ -4,11 +4,7 @@
 // check passes.
 #include <hivemesh/hivemesh.hpp>
 
-// hivemesh::hivemesh (or hivemesh.pc) must bring its dependencies' headers and libraries.
-#include <asio/version.hpp>
-#include <sodium.h>
-#include <xxhash.h>
-#include <zstd.h>
+#include "../consumer_checks.hpp"
 
 #if defined(HIVEMESH_CONSUMER_EIGEN)
 #include <Eigen/Core>
@@ -23,25 +19,12 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <system_error>
 
-static_assert(__cplusplus >= 202002L, "hivemesh's usage requirements must ask for C++20");
-#ifndef ASIO_STANDALONE
-#error "hivemesh's usage requirements must define ASIO_STANDALONE"
-#endif
+using consumer::check;
 
 namespace {
-
-int failures = 0;
-
-void check(bool ok, const char* what) {
-    if (!ok) {
-        std::fprintf(stderr, "FAILED: %s\n", what);
-        ++failures;
-    }
-}
 
 /// One unary call from a node to itself over loopback TCP: the installed headers, the
 /// coroutine support the package turns on, and libsodium all working together.
@@ -53,11 +36,12 @@ bool rpc_to_self() {
     auto listener = transport.listen({asio::ip::address_v4::loopback(), 0});
     const net::node<net::tcp::transport>::peer self{node.id(), listener.local_endpoint()};
     node.serve(std::move(listener));
-    node.add_handler("echo", [](const net::call_context&, byte_view request,
-                                byte_buffer& response) -> asio::awaitable<std::error_code> {
-        response.assign(request.begin(), request.end());
-        co_return std::error_code{};
-    });
+    node.add_handler("echo",
+                     [](const net::call_context&, byte_view request,
+                        byte_buffer& response) -> asio::awaitable<std::error_code> {
+                         response.assign(request.begin(), request.end());
+                         co_return std::error_code{};
+                     });
     bool ok = false;
     node.async_call(self, "echo", to_buffer(as_bytes(std::string_view("ping"))),
                     std::chrono::seconds(10), [&](std::error_code ec, byte_buffer response) {
@@ -94,10 +78,7 @@ int main() {
     check(ec != hivemesh::errc::trailing_data, "errc comparison");
     check(std::string(ec.category().name()) == "hivemesh", "category name");
 
-    check(sodium_init() >= 0, "libsodium links and initialises");
-    check(XXH64("", 0, 0) == 0xEF46DB3751D8E999ULL, "xxHash links");
-    check(ZSTD_versionNumber() >= 10400, "zstd links");
-    check(ASIO_VERSION >= 101800, "Asio is at least 1.18");
+    consumer::check_dependencies();
     check(rpc_to_self(), "an RPC over loopback TCP through the installed headers");
 
 #if defined(HIVEMESH_CONSUMER_EIGEN)
@@ -106,7 +87,5 @@ int main() {
     check(v.sum() == 6.0f, "Eigen through hivemesh::eigen");
 #endif
 
-    if (failures != 0) return 1;
-    std::puts("hivemesh consumer: ok");
-    return 0;
+    return consumer::finish();
 }

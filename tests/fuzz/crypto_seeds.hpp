@@ -1,0 +1,43 @@
+// The fixed keys and seeds of the crypto fuzz targets (fuzz_secure_record.cpp,
+// fuzz_handshake.cpp), shared with make_corpus.cpp so that its seed inputs are valid for them.
+#pragma once
+
+#include <hivemesh/crypto/secure_channel.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace hivemesh::fuzz {
+
+// fuzz_secure_record: records sealed with record_key() and at most max_record_size long.
+inline constexpr std::uint8_t record_key_byte = 0x5A;
+inline constexpr std::size_t max_record_size = 1 << 16;
+
+// fuzz_handshake: identities, ephemeral keys and the swarm key are 32 bytes of these values.
+inline constexpr std::uint8_t dialer_seed = 0x01, listener_seed = 0x02;
+inline constexpr std::uint8_t dialer_ephemeral_seed = 0x11, listener_ephemeral_seed = 0x22;
+inline constexpr std::uint8_t swarm_key_byte = 0x33;
+
+/// 32 bytes of `value`.
+inline std::array<std::byte, 32> filled(std::uint8_t value) {
+    std::array<std::byte, 32> bytes;
+    bytes.fill(std::byte{value});
+    return bytes;
+}
+
+inline crypto::symmetric_key record_key() {
+    return crypto::symmetric_key(filled(record_key_byte));
+}
+
+/// The handshake options that fuzz_handshake's selector byte picks (bit 2 plaintext, bit 3
+/// swarm key), with the ephemeral key of seed `ephemeral`.
+inline crypto::secure_options options_for(std::uint8_t selector, std::uint8_t ephemeral) {
+    crypto::secure_options options;
+    options.plaintext = (selector & 4) != 0;
+    if (selector & 8) options.swarm_key = filled(swarm_key_byte);
+    options.ephemeral_seed_for_testing = filled(ephemeral);
+    return options;
+}
+
+} // namespace hivemesh::fuzz
