@@ -463,6 +463,10 @@ private:
                                  double cost);
     static std::error_code penalise(const state_ptr& st, const net::call_context& context,
                                     std::error_code ec);
+    /// Admits a request and decodes it into `out`; a malformed one is penalised.
+    template <class Request>
+    static std::error_code take_request(const state_ptr& st, const net::call_context& context,
+                                        byte_view request, Request& out);
     /// Adds the sender of a request to the routing table if it serves.
     static void note_sender(const state_ptr& st, const net::call_context& context,
                             const sender_info& from);

@@ -59,6 +59,15 @@ std::error_code node<Transport>::penalise(const state_ptr& st, const net::call_c
 }
 
 template <net::transport Transport>
+template <class Request>
+std::error_code node<Transport>::take_request(const state_ptr& st, const net::call_context& context,
+                                              byte_view request, Request& out) {
+    if (auto ec = admit(st, context, 1)) return ec;
+    if (auto ec = decode(request, out, st->options.messages)) return penalise(st, context, ec);
+    return {};
+}
+
+template <net::transport Transport>
 void node<Transport>::note_sender(const state_ptr& st, const net::call_context& context,
                                   const sender_info& from) {
     if (!from.listen) return;
@@ -70,9 +79,8 @@ void node<Transport>::note_sender(const state_ptr& st, const net::call_context& 
 template <net::transport Transport>
 std::error_code node<Transport>::serve_ping(const state_ptr& st, const net::call_context& context,
                                             byte_view request, byte_buffer& response) {
-    if (auto ec = admit(st, context, 1)) return ec;
     ping_request ping;
-    if (auto ec = decode(request, ping, st->options.messages)) return penalise(st, context, ec);
+    if (auto ec = take_request(st, context, request, ping)) return ec;
     note_sender(st, context, ping.from);
     response = encode(ping_response{});
     return {};
@@ -81,9 +89,8 @@ std::error_code node<Transport>::serve_ping(const state_ptr& st, const net::call
 template <net::transport Transport>
 std::error_code node<Transport>::serve_store(const state_ptr& st, const net::call_context& context,
                                              byte_view request, byte_buffer& response) {
-    if (auto ec = admit(st, context, 1)) return ec;
     store_request store;
-    if (auto ec = decode(request, store, st->options.messages)) return penalise(st, context, ec);
+    if (auto ec = take_request(st, context, request, store)) return ec;
     if (!store.items.empty() &&
         !st->limiter.allow(context.remote, st->now(), static_cast<double>(store.items.size()))) {
         ++st->stats.requests_refused;
@@ -108,9 +115,8 @@ std::error_code node<Transport>::serve_store(const state_ptr& st, const net::cal
 template <net::transport Transport>
 std::error_code node<Transport>::serve_find(const state_ptr& st, const net::call_context& context,
                                             byte_view request, byte_buffer& response) {
-    if (auto ec = admit(st, context, 1)) return ec;
     find_request find;
-    if (auto ec = decode(request, find, st->options.messages)) return penalise(st, context, ec);
+    if (auto ec = take_request(st, context, request, find)) return ec;
     note_sender(st, context, find.from);
     const auto requester = dht::id::of_peer(context.remote);
     const auto count = std::min<std::size_t>(

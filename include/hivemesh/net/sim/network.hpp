@@ -447,6 +447,9 @@ struct network_core : std::enable_shared_from_this<network_core> {
     stream closed_stream();
 
     // --- byte streams
+    /// Completes at once what no read or write can start on (the network down, the end
+    /// closed, no bytes asked for); true if it did.
+    bool settle_at_once(const connection_end& e, std::size_t bytes, io_completion& completion);
     std::uint64_t begin_read(connection& c, std::size_t side, const mutable_buffers& buffers,
                              io_completion completion);
     std::uint64_t begin_write(connection& c, std::size_t side, const const_buffers& buffers,
@@ -1073,48 +1076,50 @@ inline stream network_core::closed_stream() {
 
 // ----- byte streams
 
-inline std::uint64_t network_core::begin_read(connection& c, std::size_t side,
-                                              const mutable_buffers& buffers,
-                                              io_completion completion) {
-    auto& e = c.ends[side];
+inline bool network_core::settle_at_once(const connection_end& e, std::size_t bytes,
+                                         io_completion& completion) {
     if (closed) {
         completion.post(asio::error::network_down, 0);
     } else if (!e.open) {
         completion.post(asio::error::bad_descriptor, 0);
-    } else if (buffers.total == 0) {
+    } else if (bytes == 0) {
         completion.post({}, 0);
-    } else if (e.read.completion) {
-        completion.post(asio::error::already_started, 0);
     } else {
-        e.read = {std::move(completion), buffers, next_serial++};
-        service_read(c, side);
-        return e.read.completion ? e.read.serial : 0;
+        return false;
     }
-    return 0;
+    return true;
+}
+
+inline std::uint64_t network_core::begin_read(connection& c, std::size_t side,
+                                              const mutable_buffers& buffers,
+                                              io_completion completion) {
+    auto& e = c.ends[side];
+    if (settle_at_once(e, buffers.total, completion)) return 0;
+    if (e.read.completion) {
+        completion.post(asio::error::already_started, 0);
+        return 0;
+    }
+    e.read = {std::move(completion), buffers, next_serial++};
+    service_read(c, side);
+    return e.read.completion ? e.read.serial : 0;
 }
 
 inline std::uint64_t network_core::begin_write(connection& c, std::size_t side,
                                                const const_buffers& buffers,
                                                io_completion completion) {
     auto& e = c.ends[side];
-    if (closed) {
-        completion.post(asio::error::network_down, 0);
-    } else if (!e.open) {
-        completion.post(asio::error::bad_descriptor, 0);
-    } else if (buffers.total == 0) {
-        completion.post({}, 0);
-    } else if (e.reset) {
-        completion.post(asio::error::connection_reset, 0);
-    } else if (e.write_shut) {
-        completion.post(asio::error::broken_pipe, 0);
-    } else if (e.write.completion) {
-        completion.post(asio::error::already_started, 0);
-    } else {
-        e.write = {std::move(completion), buffers, next_serial++};
-        service_write(c, side);
-        return e.write.completion ? e.write.serial : 0;
+    if (settle_at_once(e, buffers.total, completion)) return 0;
+    const std::error_code refused = e.reset              ? asio::error::connection_reset
+                                    : e.write_shut       ? asio::error::broken_pipe
+                                    : e.write.completion ? asio::error::already_started
+                                                         : std::error_code{};
+    if (refused) {
+        completion.post(refused, 0);
+        return 0;
     }
-    return 0;
+    e.write = {std::move(completion), buffers, next_serial++};
+    service_write(c, side);
+    return e.write.completion ? e.write.serial : 0;
 }
 
 template <class Buffer>
