@@ -9,4 +9,5 @@
 #include "hivemesh/crypto.hpp"
 #include "hivemesh/dht.hpp"
 #include "hivemesh/net.hpp"
+#include "hivemesh/peer.hpp"
 #include "hivemesh/tensor.hpp"
