@@ -17,6 +17,7 @@
 namespace ho = hivemesh::optim;
 using hivemesh::test::check_against_reference;
 using hivemesh::test::check_close;
+using hivemesh::test::check_values;
 using hivemesh::test::read;
 using hivemesh::test::reference_adam;
 using hivemesh::test::vector_parameters;
@@ -34,12 +35,6 @@ std::vector<float> constant_gradient_run(const ho::adam_options& options, std::s
         after.push_back(value[0]);
     }
     return after;
-}
-
-void check_values(const std::vector<float>& actual, const std::vector<double>& expected) {
-    REQUIRE(actual.size() == expected.size());
-    for (std::size_t i = 0; i < actual.size(); ++i)
-        CHECK(actual[i] == Approx(expected[i]).epsilon(1e-6));
 }
 
 std::vector<ho::adam_options> option_sets() {

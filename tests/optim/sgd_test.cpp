@@ -16,6 +16,7 @@
 
 namespace ho = hivemesh::optim;
 using hivemesh::test::check_against_reference;
+using hivemesh::test::check_values;
 using hivemesh::test::read;
 using hivemesh::test::reference_sgd;
 using hivemesh::test::vector_parameters;
@@ -35,12 +36,6 @@ std::vector<float> one_element_run(const ho::sgd_options& options,
         after.push_back(value[0]);
     }
     return after;
-}
-
-void check_values(const std::vector<float>& actual, const std::vector<double>& expected) {
-    REQUIRE(actual.size() == expected.size());
-    for (std::size_t i = 0; i < actual.size(); ++i)
-        CHECK(actual[i] == Approx(expected[i]).epsilon(1e-6));
 }
 
 /// Every option combination the reference test runs.

@@ -16,6 +16,13 @@
 
 namespace hivemesh::test {
 
+/// One parameter's values after each step against the hand-computed ones, to 1e-6 relative.
+inline void check_values(const std::vector<float>& actual, const std::vector<double>& expected) {
+    REQUIRE(actual.size() == expected.size());
+    for (std::size_t i = 0; i < actual.size(); ++i)
+        CHECK(actual[i] == Approx(expected[i]).epsilon(1e-6));
+}
+
 /// Values of several parameters, in double precision.
 using parameter_values = std::vector<std::vector<double>>;
 

@@ -108,11 +108,13 @@ inline const adam_options& validated(const adam_options& o) {
     return o;
 }
 
-class adam_algorithm final : public local_algorithm {
+class adam_algorithm final : public builtin_algorithm<adam_options> {
 public:
     explicit adam_algorithm(const adam_options& options)
-        : options_(validated(options))
-        , who_(std::string("hivemesh::optim::") + name()) {}
+        : builtin_algorithm(validated(options),
+                            options.decoupled_weight_decay ? "hivemesh::optim::adamw"
+                                                           : "hivemesh::optim::adam",
+                            2) {}
 
     void step(std::span<const parameter> params) override {
         check_parameters(params, who_);
@@ -145,27 +147,7 @@ public:
         step_count_ = t;
     }
 
-    std::vector<tensor::tensor_ref> state_tensors(std::span<const parameter> params) override {
-        state_.fit(params, who_);
-        return state_.refs();
-    }
-
-    std::uint64_t step_count() const override { return step_count_; }
-    void set_step_count(std::uint64_t count) override { step_count_ = count; }
-
-    double learning_rate() const override { return options_.lr; }
-    void set_learning_rate(double lr) override {
-        require_non_negative(who_, "lr", lr);
-        options_.lr = lr;
-    }
-
     std::string name() const override { return options_.decoupled_weight_decay ? "adamw" : "adam"; }
-
-private:
-    adam_options options_;
-    std::string who_;
-    state_buffers state_{2};
-    std::uint64_t step_count_ = 0;
 };
 
 } // namespace detail

@@ -228,5 +228,36 @@ void for_each_parameter(std::span<const parameter> params, Update&& update) {
     }
 }
 
+/// What the built-in algorithms share: their options (which have an `lr`), their name for
+/// error messages, their state buffers and their step count.
+template <class Options>
+class builtin_algorithm : public local_algorithm {
+public:
+    std::vector<tensor::tensor_ref> state_tensors(std::span<const parameter> params) override {
+        state_.fit(params, who_);
+        return state_.refs();
+    }
+
+    std::uint64_t step_count() const override { return step_count_; }
+    void set_step_count(std::uint64_t count) override { step_count_ = count; }
+
+    double learning_rate() const override { return options_.lr; }
+    void set_learning_rate(double lr) override {
+        require_non_negative(who_, "lr", lr);
+        options_.lr = lr;
+    }
+
+protected:
+    builtin_algorithm(const Options& options, std::string who, std::size_t slots)
+        : options_(options)
+        , who_(std::move(who))
+        , state_(slots) {}
+
+    Options options_;
+    std::string who_;
+    state_buffers state_;
+    std::uint64_t step_count_ = 0;
+};
+
 } // namespace detail
 } // namespace hivemesh::optim

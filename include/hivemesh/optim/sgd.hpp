@@ -87,15 +87,15 @@ inline const sgd_options& validated(const sgd_options& o) {
     return o;
 }
 
-class sgd_algorithm final : public local_algorithm {
+class sgd_algorithm final : public builtin_algorithm<sgd_options> {
 public:
     explicit sgd_algorithm(const sgd_options& options)
-        : options_(validated(options))
-        , state_(options.momentum != 0 ? 1 : 0) {}
+        : builtin_algorithm(validated(options), "hivemesh::optim::sgd",
+                            options.momentum != 0 ? 1 : 0) {}
 
     void step(std::span<const parameter> params) override {
-        check_parameters(params, who);
-        state_.fit(params, who);
+        check_parameters(params, who_);
+        state_.fit(params, who_);
         const sgd_coefficients c{
             .lr = static_cast<float>(options_.lr),
             .momentum = static_cast<float>(options_.momentum),
@@ -117,28 +117,7 @@ public:
         ++step_count_;
     }
 
-    std::vector<tensor::tensor_ref> state_tensors(std::span<const parameter> params) override {
-        state_.fit(params, who);
-        return state_.refs();
-    }
-
-    std::uint64_t step_count() const override { return step_count_; }
-    void set_step_count(std::uint64_t count) override { step_count_ = count; }
-
-    double learning_rate() const override { return options_.lr; }
-    void set_learning_rate(double lr) override {
-        require_non_negative(who, "lr", lr);
-        options_.lr = lr;
-    }
-
     std::string name() const override { return "sgd"; }
-
-private:
-    static constexpr const char* who = "hivemesh::optim::sgd";
-
-    sgd_options options_;
-    state_buffers state_;
-    std::uint64_t step_count_ = 0;
 };
 
 } // namespace detail
