@@ -42,12 +42,13 @@ namespace detail {
 /// x = √x for `n` floats. Compilers do not vectorise std::sqrt without -fno-math-errno (it may
 /// set errno), so x86 uses the SSE instruction; both round correctly, so the results agree.
 inline void sqrt_in_place(float* x, std::size_t n) noexcept {
-    std::size_t i = 0;
+    std::size_t scalar_from = 0;
 #if defined(__SSE__)
-    for (; n - i >= 4; i += 4)
+    scalar_from = n / 4 * 4;
+    for (std::size_t i = 0; i < scalar_from; i += 4)
         _mm_storeu_ps(x + i, _mm_sqrt_ps(_mm_loadu_ps(x + i)));
 #endif
-    for (; i < n; ++i)
+    for (std::size_t i = scalar_from; i < n; ++i)
         x[i] = std::sqrt(x[i]);
 }
 
