@@ -11,4 +11,5 @@
 #include "hivemesh/net.hpp"
 #include "hivemesh/optim.hpp"
 #include "hivemesh/peer.hpp"
+#include "hivemesh/progress.hpp"
 #include "hivemesh/tensor.hpp"

@@ -1,6 +1,6 @@
 // Writes valid seed inputs for every fuzz target into <directory>/<target>/: every codec at a
 // few sizes, zstd payloads, sealed record streams, handshake messages, mux frames, RPC
-// messages, peer addresses, DHT messages and state-sharing messages.
+// messages, peer addresses, DHT messages, state-sharing messages and progress records.
 // Usage: make_corpus <directory>
 #include "crypto_seeds.hpp"
 
@@ -14,12 +14,14 @@
 #include <hivemesh/net/address.hpp>
 #include <hivemesh/net/frame.hpp>
 #include <hivemesh/net/rpc_wire.hpp>
+#include <hivemesh/progress/record.hpp>
 
 #include <array>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -297,6 +299,22 @@ void write_averaging_corpus(const std::filesystem::path& dir) {
     write_file(dir / "result", result);
 }
 
+// Progress records at their limits, and a tombstone (empty).
+void write_progress_corpus(const std::filesystem::path& dir) {
+    using hivemesh::progress::progress_record;
+    const auto max = std::numeric_limits<std::uint64_t>::max();
+    const progress_record records[] = {
+        {},
+        {7, 300, 12.5, hivemesh::time_point{std::chrono::seconds(1700000000)}, true},
+        {max, max, std::numeric_limits<double>::max(),
+         hivemesh::time_point{hivemesh::duration{std::numeric_limits<std::int64_t>::max()}}, false},
+    };
+    int n = 0;
+    for (const auto& r : records)
+        write_file(dir / ("record_" + std::to_string(n++)), hivemesh::progress::encode(r));
+    write_file(dir / "tombstone", {});
+}
+
 int main(int argc, char** argv) {
     using namespace hivemesh::compression;
     if (argc != 2) {
@@ -334,5 +352,6 @@ int main(int argc, char** argv) {
     write_dht_request_corpus(dir("dht_requests"));
     write_dht_response_corpus(dir("dht_responses"));
     write_state_corpus(dir("state_messages"));
+    write_progress_corpus(dir("progress_record"));
     return 0;
 }
