@@ -557,6 +557,17 @@ TEST_CASE("the samples-per-second EMA and the publication follow the reports", "
     CHECK(tp.local_progress().samples_accumulated == 0);
     REQUIRE(swarm.run_until([&] { return tq.global_progress().epoch == 4; }, 15s));
     CHECK(tq.ready_to_update_epoch());
+    // A peer that resumes from a later checkpoint starts at its epoch, and says so at once.
+    auto& r = swarm.add_peer();
+    auto resumed = run_options(1000000);
+    resumed.initial_epoch = 9;
+    sim_tracker tr(r, resumed);
+    CHECK(tr.local_progress().epoch == 9);
+    CHECK(tr.local_progress().samples_accumulated == 0);
+    CHECK(tr.global_progress().epoch == 9);
+    REQUIRE(swarm.run_until(
+        [&] { return tp.global_progress().epoch == 9 && tq.global_progress().epoch == 9; }, 15s));
+    CHECK(tq.global_progress().num_peers == 3);
 }
 
 TEST_CASE("bad tracker options are refused with a message that names them", "[progress][sim]") {

@@ -64,6 +64,9 @@ struct tracker_options {
     std::string run_id;
     /// Samples the swarm accumulates per epoch (> 0).
     std::uint64_t target_batch_size = 0;
+    /// The epoch this peer starts at (e.g. that of the checkpoint it resumes from), with no
+    /// samples; the first record says so.
+    std::uint64_t initial_epoch = 0;
     /// A client trains and its samples count, but its epoch does not set the global epoch
     /// (it may lag without holding anyone back); counted in num_clients. nullopt: the peer's
     /// client_mode().

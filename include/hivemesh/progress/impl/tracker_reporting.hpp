@@ -52,6 +52,7 @@ tracker<Transport>::tracker(peer_type& peer, tracker_options options) {
         auto& st = *state_;
         const time_point now = st.now();
         std::lock_guard lock(st.mutex);
+        st.local.epoch = st.options.initial_epoch;
         st.local.report_time = now;
         st.ema_since = now;
         st.snapshot.next_fetch = now; // read at once
