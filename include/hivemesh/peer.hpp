@@ -224,7 +224,8 @@ public:
     /// peer_options::bootstrap_timeout. Completion: void(std::error_code, std::string);
     /// the text says, for each initial peer, why it could not be reached. Errors: no_peers
     /// (none answered; a wrong swarm key shows as handshake_failed in the text),
-    /// cancelled. Without initial peers it completes at once with success.
+    /// cancelled. Without initial peers it completes at once with success. The peer must
+    /// outlive the operation; after close() it ends at its next attempt, with cancelled.
     template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, std::string)) Token = default_token_t>
     auto async_bootstrap(Token&& token = default_token_t{}) {
         return asio::async_initiate<Token, void(std::error_code, std::string)>(

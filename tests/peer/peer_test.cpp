@@ -83,9 +83,8 @@ TEST_CASE("a peer on every interface gives a dialable address for each", "[peer]
     }
     // Loopback is among them, and a peer bootstraps through it.
     auto o2 = loopback_options();
-    o2.initial_peers = {"/ip4/127.0.0.1/tcp/" +
-                        std::to_string(any.announce_endpoint()->port()) + "/p2p/" +
-                        any.id().to_string()};
+    o2.initial_peers = {"/ip4/127.0.0.1/tcp/" + std::to_string(any.announce_endpoint()->port()) +
+                        "/p2p/" + any.id().to_string()};
     peer second(o2);
     CHECK(found_by(second, 4).contains(any.id()));
 }
@@ -124,8 +123,8 @@ TEST_CASE("a client peer asks the swarm but serves nothing", "[peer]") {
 }
 
 TEST_CASE("a peer keeps its identity in the file it is given", "[peer]") {
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("hivemesh-peer-" + std::to_string(::getpid()));
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("hivemesh-peer-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
     auto o = loopback_options();
     o.identity_path = (dir / "identity.key").string();
@@ -156,7 +155,8 @@ TEST_CASE("bad options are refused with a message that names them", "[peer]") {
     }
     SECTION("a DNS name, which a TCP peer does not resolve") {
         auto o = loopback_options();
-        o.initial_peers = {"/dns/example.org/tcp/4242/p2p/" + test::identity_of(1).id().to_string()};
+        o.initial_peers = {"/dns/example.org/tcp/4242/p2p/" +
+                           test::identity_of(1).id().to_string()};
         const auto [ec, what] = thrown([&] { peer p(o); });
         CHECK(ec == errc::invalid_argument);
         CHECK_THAT(what, Catch::Contains("not an address of this transport"));
@@ -180,8 +180,8 @@ TEST_CASE("an unreachable bootstrap peer fails the start-up and says why", "[pee
     o.bootstrap_timeout = 1s;
     const auto [ec, what] = thrown([&] { peer p(o); });
     CHECK(ec == errc::no_peers);
-    CHECK_THAT(what, Catch::Contains(gone) &&
-                         Catch::Contains(make_error_code(errc::refused).message()));
+    CHECK_THAT(what,
+               Catch::Contains(gone) && Catch::Contains(make_error_code(errc::refused).message()));
 }
 
 TEST_CASE("a peer with another swarm key cannot join, and is told so", "[peer]") {
@@ -214,21 +214,22 @@ TEST_CASE("a peer with another swarm key cannot join, and is told so", "[peer]")
 TEST_CASE("destroying a peer with calls in flight ends them and returns promptly", "[peer]") {
     peer server(loopback_options());
     // A handler that would answer only after a minute.
-    server.rpc().add_handler("test.slow",
-                             [](const net::call_context&, byte_view,
-                                byte_buffer&) -> asio::awaitable<std::error_code> {
-                                 asio::steady_timer timer(co_await asio::this_coro::executor);
-                                 timer.expires_after(60s);
-                                 co_await timer.async_wait(default_token_t{});
-                                 co_return std::error_code{};
-                             });
+    server.rpc().add_handler(
+        "test.slow",
+        [](const net::call_context&, byte_view, byte_buffer&) -> asio::awaitable<std::error_code> {
+            asio::steady_timer timer(co_await asio::this_coro::executor);
+            timer.expires_after(60s);
+            co_await timer.async_wait(default_token_t{});
+            co_return std::error_code{};
+        });
     auto o = loopback_options();
     o.initial_peers = server.addresses();
     auto caller = std::make_unique<peer>(o);
     std::promise<std::error_code> outcome;
     auto result = outcome.get_future();
-    caller->rpc().async_call({server.id(), *server.announce_endpoint()}, "test.slow", {}, 120s,
-                             [&outcome](std::error_code ec, byte_buffer) { outcome.set_value(ec); });
+    caller->rpc().async_call(
+        {server.id(), *server.announce_endpoint()}, "test.slow", {}, 120s,
+        [&outcome](std::error_code ec, byte_buffer) { outcome.set_value(ec); });
     std::this_thread::sleep_for(200ms); // the call reaches the server
     const auto start = std::chrono::steady_clock::now();
     caller.reset();
@@ -270,12 +271,11 @@ TEST_CASE("peers on the simulated network bootstrap through the same code", "[pe
     // Every peer finds its 20 nearest through the DHT, as it would over TCP.
     int answered = 0;
     for (auto& p : swarm)
-        p.dht().async_find_nearest(p.dht().id(), 20,
-                                   [&](std::error_code ec, const auto& contacts) {
-                                       CHECK_FALSE(ec);
-                                       CHECK(contacts.size() == 20);
-                                       ++answered;
-                                   });
+        p.dht().async_find_nearest(p.dht().id(), 20, [&](std::error_code ec, const auto& contacts) {
+            CHECK_FALSE(ec);
+            CHECK(contacts.size() == 20);
+            ++answered;
+        });
     network.time().run_until([&] { return answered == count; }, 60s);
     CHECK(answered == count);
 }
