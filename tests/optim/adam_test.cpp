@@ -86,19 +86,10 @@ TEST_CASE("adam follows the reference on std::vector for several option sets", "
 
 TEST_CASE("adamw follows the reference on std::span", "[optim][adam]") {
     const ho::adam_options options{.lr = 0.03, .weight_decay = 0.2, .decoupled_weight_decay = true};
-    std::vector<float> value_memory(3 + 1 + 549), grad_memory(value_memory.size());
-    std::vector<std::span<float>> values, grads;
-    for (std::size_t at = 0; const auto n : hivemesh::test::oracle_sizes()) {
-        values.emplace_back(value_memory.data() + at, n);
-        grads.emplace_back(grad_memory.data() + at, n);
-        at += n;
-    }
-    std::vector<ho::parameter> params;
-    for (std::size_t k = 0; k < values.size(); ++k)
-        params.push_back({values[k], grads[k]});
+    hivemesh::test::span_parameters tensors;
     auto optimizer = ho::adam(options);
     reference_adam reference(options);
-    check_against_reference(optimizer, reference, params, 3);
+    check_against_reference(optimizer, reference, tensors.params, 3);
 }
 
 TEST_CASE("adam state tensors are exp_avg and exp_avg_sq of each parameter",

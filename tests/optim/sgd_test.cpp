@@ -87,21 +87,10 @@ TEST_CASE("sgd follows the reference on std::vector for every option", "[optim][
 TEST_CASE("sgd follows the reference on std::span", "[optim][sgd]") {
     const ho::sgd_options options{
         .lr = 0.05, .momentum = 0.9, .dampening = 0.2, .weight_decay = 0.1};
-    // The three parameters are spans into one buffer each for values and grads.
-    const auto sizes = hivemesh::test::oracle_sizes();
-    std::vector<float> value_memory(3 + 1 + 549), grad_memory(value_memory.size());
-    std::vector<std::span<float>> values, grads;
-    for (std::size_t at = 0; const auto n : sizes) {
-        values.emplace_back(value_memory.data() + at, n);
-        grads.emplace_back(grad_memory.data() + at, n);
-        at += n;
-    }
-    std::vector<ho::parameter> params;
-    for (std::size_t k = 0; k < values.size(); ++k)
-        params.push_back({values[k], grads[k]});
+    hivemesh::test::span_parameters tensors;
     auto optimizer = ho::sgd(options);
     reference_sgd reference(options);
-    check_against_reference(optimizer, reference, params, 3);
+    check_against_reference(optimizer, reference, tensors.params, 3);
 }
 
 TEST_CASE("sgd uses a changed learning rate from the next step", "[optim][sgd]") {

@@ -210,4 +210,29 @@ struct vector_parameters {
     std::vector<optim::parameter> params;
 };
 
+/// The same parameters as std::span views into one buffer for the values and one for the
+/// grads (so they are contiguous neighbours, as in a flat model).
+struct span_parameters {
+    span_parameters() {
+        std::size_t total = 0;
+        for (const auto n : oracle_sizes())
+            total += n;
+        value_memory.resize(total);
+        grad_memory.resize(total);
+        for (std::size_t at = 0; const auto n : oracle_sizes()) {
+            values.emplace_back(value_memory.data() + at, n);
+            grads.emplace_back(grad_memory.data() + at, n);
+            at += n;
+        }
+        for (std::size_t k = 0; k < values.size(); ++k)
+            params.push_back({values[k], grads[k]});
+    }
+    span_parameters(const span_parameters&) = delete;
+    span_parameters& operator=(const span_parameters&) = delete;
+
+    std::vector<float> value_memory, grad_memory;
+    std::vector<std::span<float>> values, grads;
+    std::vector<optim::parameter> params;
+};
+
 } // namespace hivemesh::test
