@@ -55,15 +55,21 @@ struct step_result {
     group_id group{};
     std::size_t group_size = 0;
     std::size_t index = 0; ///< our position in the group
+    /// When the all-reduce began (the group formed and the control was triggered), on the
+    /// transport's clock; time_point{} if it never began.
+    time_point allreduce_started{};
     allreduce_result allreduce;
 };
 
 /// A scheduled step: matchmaking runs now, the all-reduce waits for trigger().
 class step_control : public std::enable_shared_from_this<step_control> {
 public:
-    explicit step_control(const asio::any_io_executor& executor)
+    /// `round` tags the step: peers whose steps carry different tags never group (e.g. the
+    /// training epoch, so that peers of different epochs do not average together).
+    explicit step_control(const asio::any_io_executor& executor, std::uint64_t round = 0)
         : executor_(executor)
-        , ready_(executor) {}
+        , ready_(executor)
+        , round_(round) {}
 
     /// Lets the all-reduce start, with the local values as they are then. Any thread.
     void trigger(double weight = 1.0) {
@@ -76,12 +82,14 @@ public:
     }
     bool triggered() const noexcept { return triggered_; }
     double weight() const noexcept { return weight_; }
+    std::uint64_t round() const noexcept { return round_; }
 
 private:
     template <net::transport Transport>
     friend class averager;
     asio::any_io_executor executor_;
     wakeup ready_;
+    std::uint64_t round_;
     double weight_ = 1.0;
     bool triggered_ = false;
 };
@@ -128,9 +136,10 @@ public:
     const averaging::group_bits& bits() const noexcept { return bits_; }
     std::uint64_t schema_hash() const noexcept { return schema_hash_; }
 
-    /// A control for async_scheduled_step; trigger it when the local values are ready.
-    std::shared_ptr<step_control> make_control() const {
-        return std::make_shared<step_control>(rpc_->get_executor());
+    /// A control for async_scheduled_step, tagged with `round` (see step_control); trigger it
+    /// when the local values are ready.
+    std::shared_ptr<step_control> make_control(std::uint64_t round = 0) const {
+        return std::make_shared<step_control>(rpc_->get_executor(), round);
     }
 
     /// Matchmaking now; the all-reduce once `control` is triggered. Completion:
@@ -171,13 +180,15 @@ public:
     }
 
     /// Serves our state to newcomers, advertised with `priority` (higher is preferred, e.g.
-    /// the epoch). `provider` is called on the node's executor for each download.
-    void serve_state(std::function<state_snapshot()> provider, double priority) {
+    /// the epoch). `provider` is called for each download, on the compute executor if the
+    /// averager has one, else on the node's executor.
+    void serve_state(std::function<state_snapshot()> provider, double priority,
+                     server_options options = {}) {
         if (!announce_)
             throw std::invalid_argument("averager::serve_state: a client serves nothing");
         server_ = std::make_unique<state_server<Transport>>(*rpc_, *dht_, options_.prefix,
                                                             *announce_, std::move(provider),
-                                                            priority, server_options{}, compute_);
+                                                            priority, options, compute_);
     }
     state_server<Transport>* state_server_ptr() noexcept { return server_.get(); }
 
@@ -228,7 +239,10 @@ private:
 
         match_request request;
         request.bits = bits_;
-        request.schema_hash = schema_hash_;
+        request.schema_hash =
+            control->round_ == 0
+                ? schema_hash_
+                : XXH3_64bits_withSeed(&control->round_, sizeof control->round_, schema_hash_);
         request.role = options_.role;
         request.bandwidth = options_.bandwidth;
         request.metadata = options_.metadata;
@@ -258,6 +272,7 @@ private:
         if (ec) co_return out_type{ec, std::move(out)};
         const auto members = group.size();
         const auto id = group.id;
+        out.allreduce_started = net::transport_now<Transport>(rpc_->get_executor());
         auto [reduce_ec, result] =
             co_await allreduce_.async_allreduce(std::move(group), out.index, spans, tensors_,
                                                 control->weight_, options_.averaging_timeout);

@@ -73,11 +73,13 @@ struct server_statistics {
 /// advertises (priority, `announce`) in the DHT under "<prefix>_state_donors", refreshing the
 /// record while serving. Uses (does not own) the RPC and DHT nodes, which must outlive it.
 ///
-/// Each upload calls `provider` once on the executor and streams the state it returns chunk
-/// by chunk (the multiplexer's send completes when a chunk is written, so at most about one
-/// chunk is buffered besides the provider's state). Compressing and hashing the chunks run
-/// on `compute` when given (e.g. a thread pool), else on the node's executor. The provider may
-/// throw; the newcomer then sees remote_error (or the std::system_error's code).
+/// Each upload calls `provider` once and streams the state it returns chunk by chunk (the
+/// multiplexer's send completes when a chunk is written, so at most about one chunk is
+/// buffered besides the provider's state). The provider, and compressing and hashing the
+/// chunks, run on `compute` when given (e.g. a thread pool, so a provider that copies a large
+/// state or waits for a lock does not hold up the io thread), else on the node's executor.
+/// The provider may throw; the newcomer then sees remote_error (or the std::system_error's
+/// code).
 template <net::transport Transport>
 class state_server {
 public:
@@ -286,13 +288,16 @@ private:
     }
 
     static asio::awaitable<std::error_code> upload(shared_ptr_type st, net::call_stream& stream) {
-        const state_snapshot snapshot = st->provider();
         const compression::kind codec = st->options.codec;
         const std::uint32_t chunk_elements =
             detail::chunk_elements_for(st->options.chunk_size_bytes);
+        state_snapshot snapshot;
         state_header header;
         std::error_code made;
-        auto hash_chunks = [&] { made = make_header(snapshot, codec, chunk_elements, header); };
+        auto hash_chunks = [&] {
+            snapshot = st->provider();
+            made = make_header(snapshot, codec, chunk_elements, header);
+        };
         co_await offload(st->compute, hash_chunks);
         if (made) co_return made;
         const std::uint64_t total = header.total_elements();

@@ -141,13 +141,16 @@ public:
 
     /// Reports that this peer has accumulated `samples_accumulated` samples in `epoch`. Cheap:
     /// updates the samples-per-second EMA with the samples added since the previous report
-    /// over the time since then (a report with fewer samples, or another epoch, restarts the
-    /// measurement instead), refreshes the local estimate, and lets the background publish it
+    /// over the time since then (the first report, a report with fewer samples, or another
+    /// epoch restarts the measurement instead), refreshes the local estimate, and lets the
+    /// background publish it
     /// (at once for a new epoch, else at most once per min_refresh). Ignored after close().
     void report_local_progress(std::uint64_t epoch, std::uint64_t samples_accumulated);
 
-    /// Moves this peer to `new_epoch` with no samples, publishing at once. The time until the
-    /// next report does not count toward the EMA (time spent averaging is not training).
+    /// Moves this peer to `new_epoch` with no samples, publishing at once, and reads the
+    /// others' records again within min_refresh (they are moving to the new epoch too). The
+    /// time until the next report does not count toward the EMA (time spent averaging is not
+    /// training).
     void update_epoch(std::uint64_t new_epoch);
 
     local_training_progress local_progress() const;
@@ -260,6 +263,7 @@ private:
         bool closed = false;
         local_training_progress local;
         throughput_ema ema;
+        bool measuring = false;               ///< a report or new epoch started an interval
         time_point ema_since{};               ///< start of the interval being measured
         std::uint64_t unmeasured_samples = 0; ///< reported in an interval of zero length
         std::vector<seen_record> others;      ///< from the last successful read

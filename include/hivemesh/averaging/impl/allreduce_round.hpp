@@ -295,7 +295,7 @@ allreduce_service<Transport>::round::run(std::shared_ptr<round> self) {
     r.deadline_timer.cancel();
     r.watch_timer.cancel();
     r.unregister();
-    if (!r.tensors.empty()) {
+    if (sends_values(r.role()) && !r.tensors.empty()) { // an aux member's are not ours to write
         auto write_back = [&r] { tensor::unflatten_from(r.tensors, r.owned); };
         co_await offload(r.st->compute, write_back);
     }

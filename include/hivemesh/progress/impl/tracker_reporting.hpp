@@ -79,8 +79,11 @@ template <net::transport Transport>
 void tracker<Transport>::apply_report(shared& st, std::uint64_t epoch, std::uint64_t samples,
                                       bool force_publish, time_point now) {
     auto& local = st.local;
-    if (epoch != local.epoch || samples < local.samples_accumulated) {
-        // Another epoch, or the count went back: nothing to measure across; start again.
+    if (!st.measuring || epoch != local.epoch || samples < local.samples_accumulated) {
+        // The first report (how long its samples took is unknown: the peer may have loaded
+        // data or waited for others first), another epoch, or the count went back: nothing to
+        // measure across; start again.
+        st.measuring = true;
         st.ema_since = now;
         st.unmeasured_samples = 0;
         if (epoch != local.epoch) force_publish = true;
@@ -126,6 +129,9 @@ void tracker<Transport>::update_epoch(std::uint64_t new_epoch) {
         st.ema_since = now;
         st.unmeasured_samples = 0;
         apply_report(st, new_epoch, 0, true, now);
+        // The others are moving to the new epoch too: until their new records are read, their
+        // samples in it count for nothing and the ETA comes too late.
+        st.snapshot.next_fetch = std::min(st.snapshot.next_fetch, now + st.options.min_refresh);
     }
     wake(state_);
 }

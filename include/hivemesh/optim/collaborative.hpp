@@ -1,0 +1,468 @@
+// The collaborative optimizer (DESIGN §7): one model trained by a swarm of peers, each calling
+// step() after each of its local batches.
+//
+// Gradient mode (the default): step() adds the batch's gradient, weighted by its samples, to
+// this peer's accumulator and reports the samples to the progress tracker. When the swarm has
+// accumulated target_batch_size samples, the peers of the epoch average their mean gradients
+// weighted by their samples, every peer applies its local optimizer to the result, and the
+// epoch advances. Matchmaking for that round starts matchmaking_time before the estimated end
+// of the epoch, so it overlaps the last batches.
+//
+// Local-update mode: every step() is a local optimizer step, and the peers average their
+// parameters at the end of each epoch. In both modes, every average_state_every epochs the
+// round averages the parameters together with the optimizer's state. A peer that is behind the
+// swarm (a newcomer, or one more than an epoch late) downloads the parameters, the optimizer's
+// state and the epoch from a peer before it continues.
+//
+// DHT keys and RPC methods, for run_id R: progress records under "R_progress", gradient rounds
+// under the prefix "R_grads", parameter rounds under "R_params", state rounds, state donors and
+// downloads under the prefix "R" ("R.0b…", "R_state_donors", "R.state").
+#pragma once
+
+#include "hivemesh/averaging/averager.hpp"
+#include "hivemesh/compression/kind.hpp"
+#include "hivemesh/core/async.hpp"
+#include "hivemesh/core/binary.hpp"
+#include "hivemesh/core/bytes.hpp"
+#include "hivemesh/core/clock.hpp"
+#include "hivemesh/core/error.hpp"
+#include "hivemesh/net/transport.hpp"
+#include "hivemesh/optim/local_optimizer.hpp"
+#include "hivemesh/peer.hpp"
+#include "hivemesh/progress/tracker.hpp"
+#include "hivemesh/tensor/tensor.hpp"
+
+#include <asio/async_result.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/use_future.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace hivemesh::optim {
+
+using namespace std::chrono_literals;
+
+/// How a peer trains with the swarm (DESIGN §7). The defaults are those of practice.
+struct collaborative_options {
+    /// Names the run (see the file comment for the keys it prefixes): 1..90 characters of
+    /// [A-Za-z0-9_.:/-].
+    std::string run_id;
+    /// Samples the swarm accumulates per epoch (> 0).
+    std::uint64_t target_batch_size = 0;
+    /// Samples behind each step() that does not name its own batch size.
+    std::uint64_t batch_size_per_step = 0;
+    /// How long before the estimated end of an epoch matchmaking starts, and how long it may
+    /// look for a group.
+    duration matchmaking_time = 15s;
+    /// How long one all-reduce may take.
+    duration averaging_timeout = 60s;
+    /// How long a state download may take, every donor tried.
+    duration load_state_timeout = 600s;
+    /// False: accumulate gradients and average them each epoch; true: a local optimizer step
+    /// on every batch, and the parameters averaged each epoch.
+    bool use_local_updates = false;
+    /// Every this many epochs the epoch's round averages the parameters and the optimizer's
+    /// state (with equal weights); 0: never.
+    std::uint64_t average_state_every = 1;
+    /// Codecs on the wire: for gradients, and for parameters, optimizer state and downloads.
+    compression::kind grad_compression = compression::kind::none;
+    compression::kind state_compression = compression::kind::none;
+    /// node: trains, averages and serves state; client: trains and averages but reduces no
+    /// part and serves nothing (forced when the peer is in client mode); aux: trains on
+    /// nothing, reports no samples and only helps reduce (its step() takes no batch and
+    /// leaves its parameters alone).
+    averaging::member_role role = averaging::member_role::node;
+    /// Called with the new epoch whenever the epoch changes (and with the first epoch at
+    /// construction); its result becomes the local optimizer's learning rate.
+    std::function<double(std::uint64_t epoch)> learning_rate_schedule;
+    /// Group sizes, announced bandwidth and all-reduce details. The prefix, role, times and
+    /// codec come from the fields above.
+    averaging::averager_options averaging;
+    /// Refresh and expiry of the progress records. run_id, target_batch_size, initial_epoch,
+    /// client and reports_samples come from the fields above.
+    progress::tracker_options tracking;
+};
+
+/// What became of one averaging round.
+enum class round_outcome : std::uint8_t {
+    none,     ///< no round ran
+    averaged, ///< every element was averaged with the group
+    partial,  ///< the round ended, but some parts kept this peer's own values
+    failed,   ///< no group or a failed round: this peer's own values were used (see the error)
+    alone,    ///< the tracker saw no other peer: this peer's own values were used
+};
+
+inline constexpr std::string_view to_string(round_outcome o) noexcept {
+    switch (o) {
+    case round_outcome::none:
+        return "none";
+    case round_outcome::averaged:
+        return "averaged";
+    case round_outcome::partial:
+        return "partial";
+    case round_outcome::failed:
+        return "failed";
+    case round_outcome::alone:
+        return "alone";
+    }
+    return "unknown";
+}
+
+/// One round as a step saw it.
+struct round_report {
+    round_outcome outcome = round_outcome::none;
+    std::error_code error; ///< why it failed (failed), or the round's error (partial)
+    std::size_t group_size = 0;
+    double fraction_averaged = 0;
+};
+
+/// What one step() did.
+struct step_report {
+    /// The local epoch after the step, and this peer's samples in it so far.
+    std::uint64_t epoch = 0;
+    std::uint64_t samples = 0;
+    /// The step ended an epoch: the parameters were updated from the epoch's round, to which
+    /// this peer contributed `samples_contributed` samples.
+    bool epoch_ended = false;
+    std::uint64_t samples_contributed = 0;
+    /// The step downloaded state from a peer (its own batch was discarded), or tried to and
+    /// failed (state_error).
+    bool state_loaded = false;
+    std::error_code state_error;
+    /// The epoch's round (gradients, or parameters in local-update mode), and the state round.
+    round_report averaging;
+    round_report state_averaging;
+};
+
+/// Counters of one collaborative optimizer. Times are on the transport's clock (virtual time
+/// on the simulated network), summed over the optimizer's life.
+struct optimizer_statistics {
+    std::uint64_t steps = 0;
+    std::uint64_t epochs = 0;
+    std::uint64_t samples = 0;           ///< reported in steps
+    std::uint64_t samples_discarded = 0; ///< of batches dropped by a state download
+    std::uint64_t rounds_averaged = 0;   ///< fully; gradient, parameter and state rounds
+    std::uint64_t rounds_partial = 0;
+    std::uint64_t rounds_failed = 0;
+    std::uint64_t rounds_alone = 0;
+    std::uint64_t state_loads = 0;
+    std::uint64_t state_load_failures = 0;
+    duration accumulating{};      ///< adding gradients (gradient mode)
+    duration waiting_for_group{}; ///< from the end of an epoch until its all-reduce started
+    duration averaging{};         ///< all-reduces, compression included
+    duration optimizer_step{};    ///< local optimizer steps
+    duration state_download{};
+    std::uint64_t bytes_sent = 0; ///< all-reduce message bytes
+    std::uint64_t bytes_received = 0;
+    std::uint64_t state_bytes_downloaded = 0; ///< float32 bytes of the states downloaded
+};
+
+/// What travels with a state download besides the tensors.
+struct state_metadata {
+    std::uint64_t epoch = 0;
+    std::uint64_t step_count = 0; ///< the local optimizer's
+    friend bool operator==(const state_metadata&, const state_metadata&) = default;
+};
+
+inline constexpr std::uint8_t state_metadata_version = 1;
+inline constexpr std::size_t state_metadata_size = 17;
+
+inline byte_buffer encode(const state_metadata& m) {
+    byte_buffer out;
+    out.reserve(state_metadata_size);
+    binary_writer w(out);
+    w.write(state_metadata_version);
+    w.write(m.epoch);
+    w.write(m.step_count);
+    return out;
+}
+
+/// Errors: truncated_input, trailing_data, unsupported_version.
+inline std::error_code decode(byte_view bytes, state_metadata& out) {
+    binary_reader r(bytes);
+    const auto version = r.read<std::uint8_t>();
+    if (r.ok() && version != state_metadata_version) r.fail(errc::unsupported_version);
+    out.epoch = r.read<std::uint64_t>();
+    out.step_count = r.read<std::uint64_t>();
+    return r.finish();
+}
+
+/// The longest run_id: the prefixes the optimizer derives from it stay valid.
+inline constexpr std::size_t max_collaborative_run_id_length = 90;
+
+namespace detail {
+
+inline constexpr std::string_view collaborative_who = "hivemesh::optim::collaborative_optimizer";
+
+/// The options, checked; throws std::invalid_argument naming the one out of range.
+inline collaborative_options checked(collaborative_options o) {
+    if (o.run_id.empty() || o.run_id.size() > max_collaborative_run_id_length ||
+        !progress::is_valid_run_id(o.run_id))
+        throw_invalid(collaborative_who, "run_id \"" + o.run_id + "\" must be 1.." +
+                                             std::to_string(max_collaborative_run_id_length) +
+                                             " characters of [A-Za-z0-9_.:/-]");
+    if (o.target_batch_size == 0) throw_invalid(collaborative_who, "target_batch_size must be > 0");
+    if (o.matchmaking_time <= duration::zero())
+        throw_invalid(collaborative_who, "matchmaking_time must be > 0");
+    if (o.averaging_timeout <= duration::zero())
+        throw_invalid(collaborative_who, "averaging_timeout must be > 0");
+    if (o.load_state_timeout <= duration::zero())
+        throw_invalid(collaborative_who, "load_state_timeout must be > 0");
+    return o;
+}
+
+/// The averager options of one kind of round: `prefix`, with the optimizer's role, times and
+/// `codec` over the user's averaging options.
+inline averaging::averager_options round_options(const collaborative_options& o, std::string prefix,
+                                                 averaging::member_role role,
+                                                 compression::kind codec) {
+    averaging::averager_options a = o.averaging;
+    a.prefix = std::move(prefix);
+    a.role = role;
+    a.matchmaking_time = o.matchmaking_time;
+    a.averaging_timeout = o.averaging_timeout;
+    a.allreduce.codec = codec;
+    return a;
+}
+
+/// The round tag of an epoch (0 means "untagged" to the averager).
+inline std::uint64_t round_tag(std::uint64_t epoch) noexcept {
+    return epoch + 1;
+}
+
+} // namespace detail
+
+/// Trains one model with the swarm (see the file comment). Uses (does not own) the peer,
+/// which must outlive the optimizer and what it started; keeps the parameters by reference
+/// (their tensors must outlive it and keep their sizes).
+///
+/// Threading: one step at a time, from any thread; the network work runs on the peer's
+/// executor, and the optimizer's own CPU work on the caller's thread (adding gradients, local
+/// updates) or on the peer's compute executor (applying a round). Between steps the trainer
+/// owns the gradients; during a step the optimizer owns the parameters and the gradients.
+template <net::transport Transport>
+class collaborative_optimizer {
+public:
+    using peer_type = basic_peer<Transport>;
+    using averager_type = averaging::averager<Transport>;
+    using completion_signature = void(std::error_code, step_report);
+
+    /// Starts tracking progress and serving state. Throws std::invalid_argument for bad
+    /// options or parameters (a value and grad of different sizes, none at all).
+    collaborative_optimizer(peer_type& peer, std::vector<parameter> params,
+                            local_optimizer optimizer, collaborative_options options);
+    collaborative_optimizer(const collaborative_optimizer&) = delete;
+    collaborative_optimizer& operator=(const collaborative_optimizer&) = delete;
+    /// close().
+    ~collaborative_optimizer();
+
+    /// One training step: `batch_size` samples (0: batch_size_per_step) whose mean gradient
+    /// is in the parameters' grads (see the file comment). The caller's thread adds the
+    /// gradient (or takes the local step) before this returns; the rest completes on the
+    /// peer's executor. Completion: void(std::error_code, step_report). Averaging failures
+    /// are not errors (see step_report); the error is cancelled when the optimizer was
+    /// closed. Throws, before anything changed, std::invalid_argument when a step is already
+    /// running or no batch size is known, and std::system_error(size_mismatch) when a grad's
+    /// size changed. Not cancellable: a round ends by its own deadlines.
+    template <ASIO_COMPLETION_TOKEN_FOR(completion_signature) Token = default_token_t>
+    auto async_step(std::uint64_t batch_size = 0, Token&& token = default_token_t{}) {
+        return asio::async_initiate<Token, completion_signature>(
+            [st = state_, batch_size](auto handler) {
+                const std::uint64_t batch = begin_step(*st, batch_size);
+                co_launch(st->executor, run_step(st, batch), std::move(handler),
+                          "optim::collaborative_optimizer::async_step");
+            },
+            token);
+    }
+
+    /// async_step for training loops: blocks until the step completes. Throws what
+    /// async_step throws, and std::system_error: wrong_thread on the peer's io thread, else
+    /// async_step's error.
+    step_report step(std::uint64_t batch_size = 0) {
+        if (running_in_this_thread(state_->executor))
+            throw std::system_error(errc::wrong_thread,
+                                    "hivemesh::optim::collaborative_optimizer::step on an io "
+                                    "thread: use async_step");
+        return async_step(batch_size, asio::use_future).get();
+    }
+
+    /// Downloads the parameters, the optimizer's state and the epoch from the best donor,
+    /// dropping this epoch's gradients. step() does this by itself when the peer is behind.
+    /// Completion: void(std::error_code): averaging::async_load_state's errors, or
+    /// corrupt_data / size_mismatch for a state that does not fit these parameters, or
+    /// invalid_argument while a step runs. Not cancellable.
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code)) Token = default_token_t>
+    auto async_load_state_from_peers(Token&& token = default_token_t{}) {
+        return asio::async_initiate<Token, void(std::error_code)>(
+            [st = state_](auto handler) {
+                co_launch(st->executor, load_state_alone(st), std::move(handler),
+                          "optim::collaborative_optimizer::async_load_state_from_peers");
+            },
+            token);
+    }
+
+    /// The local epoch: epochs this peer has completed (or loaded). Any thread.
+    std::uint64_t local_epoch() const noexcept { return state_->epoch.load(); }
+    /// The swarm's progress as this peer's tracker estimates it.
+    progress::global_training_progress global_progress() const {
+        return state_->tracker.global_progress();
+    }
+    optimizer_statistics statistics() const {
+        std::lock_guard lock(state_->mutex);
+        return state_->stats;
+    }
+    const collaborative_options& options() const noexcept { return state_->options; }
+    averaging::member_role role() const noexcept { return state_->role; }
+    /// The local optimizer (e.g. for its learning rate); not while a step runs.
+    local_optimizer& optimizer() noexcept { return state_->local; }
+    const std::vector<parameter>& parameters() const noexcept { return state_->params; }
+    progress::tracker<Transport>& tracker() noexcept { return state_->tracker; }
+
+    /// Stops: withdraws the progress record and the donor record, and cancels the rounds
+    /// scheduled ahead. A step running on completes with what it has. Idempotent.
+    void close();
+
+private:
+    /// An averaging step started ahead of its trigger.
+    struct pending_round {
+        explicit pending_round(const asio::any_io_executor& ex)
+            : finished(ex) {}
+        std::shared_ptr<averaging::step_control> control;
+        asio::cancellation_signal cancel;
+        wakeup finished;
+        bool done = false;
+        time_point triggered_at{};
+        std::error_code error;
+        averaging::step_result result;
+    };
+    using pending_ptr = std::shared_ptr<pending_round>;
+
+    /// The snapshot donors serve; swapped at each epoch.
+    struct served_state {
+        std::mutex mutex;
+        std::shared_ptr<const averaging::state_snapshot> current;
+    };
+
+    struct shared {
+        shared(peer_type& peer, std::vector<parameter> params, local_optimizer optimizer,
+               collaborative_options options, averaging::member_role role);
+
+        time_point now() const { return net::transport_now<Transport>(executor); }
+        bool sends_values() const { return averaging::sends_values(role); }
+        bool serves_state() const { return server != nullptr; }
+
+        asio::any_io_executor executor;
+        std::optional<asio::any_io_executor> compute;
+        collaborative_options options;
+        averaging::member_role role;
+        std::vector<parameter> params;
+        local_optimizer local;
+        /// Gradient mode: Σ batch·grad over the epoch's steps, then its mean, then the round's.
+        std::vector<std::vector<float>> accumulators;
+        /// {value, accumulator}: what the local optimizer steps with in gradient mode.
+        std::vector<parameter> accumulated;
+        /// The parameters' values, then the optimizer's state tensors.
+        std::vector<tensor::tensor_ref> state_tensors;
+        progress::tracker<Transport> tracker;
+        /// The epoch's round: gradients, or parameters in local-update mode (none when every
+        /// epoch averages the state).
+        std::unique_ptr<averager_type> rounds;
+        /// State rounds, and state serving and loading.
+        std::unique_ptr<averager_type> state;
+        std::shared_ptr<served_state> server;
+
+        std::atomic<std::uint64_t> epoch{0};
+        std::atomic<bool> stepping{false};
+        std::atomic<bool> closed{false};
+
+        // The caller's thread during begin_step, else the executor's (steps never overlap).
+        std::uint64_t samples = 0; ///< this epoch's
+        std::uint64_t accumulated_steps = 0;
+
+        // The executor's alone.
+        pending_ptr scheduled_round;
+        pending_ptr scheduled_state;
+        bool first_read = false;      ///< the tracker has read the DHT once
+        bool check_sync = true;       ///< compare with the global epoch after the next read
+        std::uint64_t fetch_mark = 0; ///< tracker reads before the epoch began
+        time_point next_load_attempt{};
+
+        mutable std::mutex mutex; ///< guards stats
+        optimizer_statistics stats;
+    };
+    using shared_ptr = std::shared_ptr<shared>;
+
+    // ---- the step (impl/collaborative_step.hpp) -----------------------------------------
+
+    /// The caller's part of a step: adds the gradient or takes the local step; returns the
+    /// batch size. Throws as async_step does.
+    static std::uint64_t begin_step(shared& st, std::uint64_t batch_size);
+    /// Adds batch · grad to the accumulators (the first step of an epoch overwrites them).
+    static void accumulate(shared& st, std::uint64_t batch);
+    static asio::awaitable<std::pair<std::error_code, step_report>> run_step(shared_ptr st,
+                                                                             std::uint64_t batch);
+    /// Which rounds end the epoch before `next`: the epoch's (gradients, or parameters) and
+    /// the state's.
+    struct rounds_due {
+        bool round = false;
+        bool state = false;
+    };
+    static rounds_due rounds_at(const shared& st, std::uint64_t next);
+    /// Waits until the tracker has read the others' records once (or failed to).
+    static asio::awaitable<void> wait_for_first_read(shared_ptr st);
+    /// Starts the rounds of the coming epoch end when its ETA is near.
+    static void maybe_schedule(const shared_ptr& st);
+    /// Averages, applies and moves to the next epoch.
+    static asio::awaitable<void> end_epoch(shared_ptr st, step_report& report);
+
+    // ---- rounds (impl/collaborative_rounds.hpp) -----------------------------------------
+
+    /// Starts a step of `averager` tagged with `epoch`, to be triggered later.
+    static pending_ptr schedule(shared& st, averager_type& averager, std::uint64_t epoch);
+    /// Triggers `pending` (or a fresh step when it is unusable) and waits for it.
+    static asio::awaitable<round_report> run_round(shared_ptr st, averager_type& averager,
+                                                   pending_ptr pending, std::uint64_t epoch,
+                                                   double weight);
+    /// Cancels a scheduled round and waits for it to end.
+    static asio::awaitable<void> abandon(pending_ptr& pending);
+    static void count(shared& st, const round_report& r);
+
+    // ---- state (impl/collaborative_state.hpp) --------------------------------------------
+
+    static bool should_load_state(shared& st);
+    static asio::awaitable<std::error_code> load_state(shared_ptr st);
+    /// async_load_state_from_peers: load_state outside a step.
+    static asio::awaitable<std::error_code> load_state_alone(shared_ptr st);
+    /// Validates a downloaded state and copies it into the parameters and optimizer state.
+    static std::error_code apply_state(shared& st, const averaging::state_snapshot& state,
+                                       state_metadata& meta);
+    /// Replaces the served snapshot by a copy of the current state. Any thread.
+    static void refresh_served_state(shared& st);
+    /// refresh_served_state on the compute executor, then advertises the epoch.
+    static asio::awaitable<void> publish_served_state(shared_ptr st);
+    /// Moves to `epoch`: the tracker, the learning rate, the accumulators, the sync check.
+    static void enter_epoch(shared& st, std::uint64_t epoch);
+
+    shared_ptr state_;
+};
+
+template <net::transport Transport>
+collaborative_optimizer(basic_peer<Transport>&, std::vector<parameter>, local_optimizer,
+                        collaborative_options) -> collaborative_optimizer<Transport>;
+
+} // namespace hivemesh::optim
+
+// The members defined out of class, one file per job; each includes this file first.
+#include "hivemesh/optim/impl/collaborative_rounds.hpp"
+#include "hivemesh/optim/impl/collaborative_state.hpp"
+#include "hivemesh/optim/impl/collaborative_step.hpp"

@@ -1,0 +1,106 @@
+// optim::collaborative_optimizer: averaging rounds scheduled ahead, triggered at the end of
+// an epoch, and what they report (included by optim/collaborative.hpp).
+#pragma once
+
+#include "hivemesh/optim/collaborative.hpp"
+
+#include <asio/bind_cancellation_slot.hpp>
+
+#include <memory>
+#include <mutex>
+#include <utility>
+
+namespace hivemesh::optim {
+
+template <net::transport Transport>
+auto collaborative_optimizer<Transport>::schedule(shared& st, averager_type& averager,
+                                                  std::uint64_t epoch) -> pending_ptr {
+    auto pending = std::make_shared<pending_round>(st.executor);
+    pending->control = averager.make_control(detail::round_tag(epoch));
+    averager.async_scheduled_step(
+        pending->control,
+        asio::bind_cancellation_slot(pending->cancel.slot(),
+                                     [pending](std::error_code ec, averaging::step_result r) {
+                                         pending->done = true;
+                                         pending->error = ec;
+                                         pending->result = std::move(r);
+                                         pending->finished.notify();
+                                     }));
+    return pending;
+}
+
+template <net::transport Transport>
+asio::awaitable<round_report>
+collaborative_optimizer<Transport>::run_round(shared_ptr st, averager_type& averager,
+                                              pending_ptr pending, std::uint64_t epoch,
+                                              double weight) {
+    // A step that ended before its trigger found no group: look again, now.
+    if (!pending || pending->done) pending = schedule(*st, averager, epoch);
+    pending->triggered_at = st->now();
+    pending->control->trigger(weight);
+    while (!pending->done)
+        co_await pending->finished.wait();
+    const time_point ended = st->now();
+    const averaging::step_result& r = pending->result;
+    const bool began = r.allreduce_started != time_point{};
+
+    round_report out;
+    out.error = pending->error;
+    out.group_size = r.group_size;
+    out.fraction_averaged = began ? r.allreduce.fraction_averaged() : 0.0;
+    if (!out.error && out.fraction_averaged >= 1)
+        out.outcome = round_outcome::averaged;
+    else if (began && r.allreduce.elements_averaged > 0)
+        out.outcome = round_outcome::partial;
+    else
+        out.outcome = round_outcome::failed;
+    {
+        std::lock_guard lock(st->mutex);
+        auto& s = st->stats;
+        s.waiting_for_group += (began ? r.allreduce_started : ended) - pending->triggered_at;
+        if (began) s.averaging += ended - r.allreduce_started;
+        s.bytes_sent += r.allreduce.bytes_sent;
+        s.bytes_received += r.allreduce.bytes_received;
+    }
+    if (out.outcome != round_outcome::averaged)
+        log::warning("optim", averager.options().prefix, " round of epoch ", epoch, " ",
+                     to_string(out.outcome), " (",
+                     out.error ? out.error.message() : "a member failed", ", ",
+                     out.fraction_averaged * 100,
+                     "% averaged): using this peer's own values "
+                     "for the rest");
+    co_return out;
+}
+
+template <net::transport Transport>
+asio::awaitable<void> collaborative_optimizer<Transport>::abandon(pending_ptr& slot) {
+    const pending_ptr pending = std::exchange(slot, nullptr);
+    if (!pending || pending->done) co_return;
+    pending->cancel.emit(asio::cancellation_type::all);
+    while (!pending->done)
+        co_await pending->finished.wait();
+}
+
+template <net::transport Transport>
+void collaborative_optimizer<Transport>::count(shared& st, const round_report& r) {
+    std::lock_guard lock(st.mutex);
+    auto& s = st.stats;
+    switch (r.outcome) {
+    case round_outcome::none:
+        break;
+    case round_outcome::averaged:
+        ++s.rounds_averaged;
+        break;
+    case round_outcome::partial:
+        ++s.rounds_partial;
+        break;
+    case round_outcome::failed:
+        ++s.rounds_failed;
+        break;
+    case round_outcome::alone:
+        ++s.rounds_alone;
+        break;
+    }
+}
+
+} // namespace hivemesh::optim

@@ -1,0 +1,255 @@
+// optim::collaborative_optimizer: construction and closing, the state it serves, and catching
+// up with the swarm by downloading state (included by optim/collaborative.hpp).
+#pragma once
+
+#include "hivemesh/optim/collaborative.hpp"
+
+#include <asio/detached.hpp>
+#include <asio/post.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace hivemesh::optim {
+
+template <net::transport Transport>
+collaborative_optimizer<Transport>::shared::shared(peer_type& peer, std::vector<parameter> p,
+                                                   local_optimizer optimizer,
+                                                   collaborative_options o,
+                                                   averaging::member_role r)
+    : executor(peer.get_executor())
+    , compute(peer.compute_executor())
+    , options(std::move(o))
+    , role(r)
+    , params(std::move(p))
+    , local(std::move(optimizer))
+    , tracker(peer, [&] {
+        progress::tracker_options t = options.tracking;
+        t.run_id = options.run_id;
+        t.target_batch_size = options.target_batch_size;
+        t.client = r == averaging::member_role::client;
+        t.reports_samples = r != averaging::member_role::aux;
+        return t;
+    }()) {}
+
+template <net::transport Transport>
+collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
+                                                            std::vector<parameter> params,
+                                                            local_optimizer optimizer,
+                                                            collaborative_options options) {
+    using averaging::member_role;
+    options = detail::checked(std::move(options));
+    if (params.empty()) detail::throw_invalid(detail::collaborative_who, "no parameters");
+    detail::check_parameters(params, detail::collaborative_who);
+    member_role role = options.role;
+    if (peer.client_mode()) {
+        if (role == member_role::aux)
+            detail::throw_invalid(detail::collaborative_who,
+                                  "an aux peer reduces for others, so it cannot be in client "
+                                  "mode");
+        role = member_role::client;
+    }
+    state_ = std::make_shared<shared>(peer, std::move(params), std::move(optimizer),
+                                      std::move(options), role);
+    auto& st = *state_;
+    const auto& o = st.options;
+    st.epoch = o.tracking.initial_epoch;
+
+    std::vector<tensor::tensor_ref> values;
+    for (const auto& p : st.params)
+        values.push_back(p.value);
+    st.state_tensors = values;
+    for (const auto& t : st.local.state_tensors(st.params))
+        st.state_tensors.push_back(t);
+
+    const auto announce = peer.announce_endpoint();
+    if (!o.use_local_updates) {
+        std::vector<tensor::tensor_ref> sums;
+        for (const auto& p : st.params)
+            st.accumulators.emplace_back(p.value.size(), 0.0f);
+        for (std::size_t i = 0; i < st.params.size(); ++i) {
+            st.accumulated.push_back({st.params[i].value, st.accumulators[i]});
+            sums.push_back(st.accumulators[i]);
+        }
+        st.rounds = std::make_unique<averager_type>(
+            peer.rpc(), peer.dht(), announce, std::move(sums),
+            detail::round_options(o, o.run_id + "_grads", role, o.grad_compression), st.compute);
+    } else if (o.average_state_every != 1) {
+        st.rounds = std::make_unique<averager_type>(
+            peer.rpc(), peer.dht(), announce, values,
+            detail::round_options(o, o.run_id + "_params", role, o.state_compression), st.compute);
+    }
+    st.state = std::make_unique<averager_type>(
+        peer.rpc(), peer.dht(), announce, st.state_tensors,
+        detail::round_options(o, o.run_id, role, o.state_compression), st.compute);
+
+    if (o.learning_rate_schedule) st.local.set_learning_rate(o.learning_rate_schedule(st.epoch));
+    // A donor serves the snapshot of its latest epoch; aux peers' parameters are not trained.
+    if (announce && role != member_role::aux) {
+        st.server = std::make_shared<served_state>();
+        refresh_served_state(st);
+        averaging::server_options serving;
+        serving.codec = o.state_compression;
+        st.state->serve_state(
+            [box = st.server] {
+                std::lock_guard lock(box->mutex);
+                return *box->current;
+            },
+            static_cast<double>(st.epoch.load()), serving);
+    }
+}
+
+template <net::transport Transport>
+collaborative_optimizer<Transport>::~collaborative_optimizer() {
+    close();
+}
+
+template <net::transport Transport>
+void collaborative_optimizer<Transport>::close() {
+    if (state_->closed.exchange(true)) return;
+    state_->tracker.close();
+    // The rest on the executor: the scheduled rounds' signals and the server are its alone.
+    asio::post(state_->executor, [st = state_] {
+        for (auto* pending : {&st->scheduled_round, &st->scheduled_state})
+            if (*pending && !(*pending)->done)
+                (*pending)->cancel.emit(asio::cancellation_type::all);
+        if (auto* server = st->state->state_server_ptr()) server->stop();
+    });
+}
+
+template <net::transport Transport>
+void collaborative_optimizer<Transport>::refresh_served_state(shared& st) {
+    if (!st.serves_state()) return;
+    auto snapshot = std::make_shared<averaging::state_snapshot>();
+    snapshot->metadata = encode(state_metadata{st.epoch.load(), st.local.step_count()});
+    snapshot->tensors.reserve(st.state_tensors.size());
+    for (const auto& t : st.state_tensors) {
+        auto& copy = snapshot->tensors.emplace_back(t.size());
+        t.copy_to(copy);
+    }
+    std::lock_guard lock(st.server->mutex);
+    st.server->current = std::move(snapshot);
+}
+
+template <net::transport Transport>
+asio::awaitable<void> collaborative_optimizer<Transport>::publish_served_state(shared_ptr st) {
+    if (!st->serves_state()) co_return;
+    auto refresh = [&] { refresh_served_state(*st); };
+    co_await offload(st->compute, refresh);
+    if (auto* server = st->state->state_server_ptr(); server && !st->closed) {
+        server->set_priority(static_cast<double>(st->epoch.load()));
+        server->async_advertise(asio::detached);
+    }
+}
+
+template <net::transport Transport>
+void collaborative_optimizer<Transport>::enter_epoch(shared& st, std::uint64_t epoch) {
+    st.epoch = epoch;
+    st.samples = 0;
+    st.accumulated_steps = 0;
+    st.tracker.update_epoch(epoch);
+    if (st.options.learning_rate_schedule)
+        st.local.set_learning_rate(st.options.learning_rate_schedule(epoch));
+    st.check_sync = true;
+    st.fetch_mark = st.tracker.statistics().fetches;
+}
+
+template <net::transport Transport>
+bool collaborative_optimizer<Transport>::should_load_state(shared& st) {
+    if (st.role == averaging::member_role::aux || st.now() < st.next_load_attempt) return false;
+    const std::uint64_t global = st.tracker.global_progress().epoch;
+    const std::uint64_t local = st.epoch.load();
+    // Once per epoch, after the first read of the DHT in it, the epochs must agree; otherwise
+    // one epoch behind is a peer that has not yet noticed the end of the epoch.
+    if (st.check_sync && st.tracker.statistics().fetches > st.fetch_mark) {
+        st.check_sync = false;
+        return local < global;
+    }
+    return local + 1 < global;
+}
+
+template <net::transport Transport>
+std::error_code collaborative_optimizer<Transport>::apply_state(shared& st,
+                                                                const averaging::state_snapshot& s,
+                                                                state_metadata& meta) {
+    if (auto ec = decode(s.metadata, meta)) return ec;
+    if (s.tensors.size() != st.state_tensors.size()) return errc::size_mismatch;
+    for (std::size_t i = 0; i < s.tensors.size(); ++i) {
+        if (s.tensors[i].size() != st.state_tensors[i].size()) return errc::size_mismatch;
+        for (const float x : s.tensors[i])
+            if (!std::isfinite(x)) return errc::corrupt_data;
+    }
+    for (std::size_t i = 0; i < s.tensors.size(); ++i)
+        st.state_tensors[i].copy_from(s.tensors[i]);
+    st.local.set_step_count(meta.step_count);
+    return {};
+}
+
+template <net::transport Transport>
+asio::awaitable<std::error_code> collaborative_optimizer<Transport>::load_state(shared_ptr st) {
+    co_await abandon(st->scheduled_round);
+    co_await abandon(st->scheduled_state);
+    const time_point started = st->now();
+    averaging::load_options how;
+    how.timeout = st->options.load_state_timeout;
+    auto [error, downloaded] = co_await st->state->async_load_state_from_peers(std::move(how));
+    std::error_code ec = error;
+    const averaging::downloaded_state got = std::move(downloaded);
+    state_metadata meta;
+    std::uint64_t values = 0;
+    if (!ec) {
+        auto apply = [&] { ec = apply_state(*st, got.contents, meta); };
+        co_await offload(st->compute, apply);
+        for (const auto& t : got.contents.tensors)
+            values += t.size();
+    }
+    {
+        std::lock_guard lock(st->mutex);
+        st->stats.state_download += st->now() - started;
+        st->stats.samples_discarded += st->samples;
+        if (ec) {
+            ++st->stats.state_load_failures;
+        } else {
+            ++st->stats.state_loads;
+            st->stats.state_bytes_downloaded += values * sizeof(float);
+        }
+    }
+    if (ec) {
+        log::warning("optim", "loading state from peers failed: ", ec.message(),
+                     "; training on from epoch ", st->epoch.load());
+        // Not at every step: a swarm without donors would stall every step.
+        st->next_load_attempt = st->now() + st->options.matchmaking_time;
+        st->samples = 0;
+        st->accumulated_steps = 0;
+        st->tracker.report_local_progress(st->epoch.load(), 0);
+        co_return ec;
+    }
+    // A donor that has not yet noticed the end of its epoch is one behind the swarm.
+    const std::uint64_t global = st->tracker.global_progress().epoch;
+    const std::uint64_t epoch = meta.epoch + 1 == global ? global : meta.epoch;
+    log::info("optim", "loaded the state of epoch ", meta.epoch, " from ", got.donor.short_string(),
+              "; now at epoch ", epoch);
+    enter_epoch(*st, epoch);
+    co_await publish_served_state(st);
+    co_return std::error_code{};
+}
+
+template <net::transport Transport>
+asio::awaitable<std::error_code>
+collaborative_optimizer<Transport>::load_state_alone(shared_ptr st) {
+    if (st->stepping.exchange(true)) co_return errc::invalid_argument;
+    struct release {
+        std::atomic<bool>& flag;
+        ~release() { flag = false; }
+    } guard{st->stepping};
+    co_return co_await load_state(st);
+}
+
+} // namespace hivemesh::optim

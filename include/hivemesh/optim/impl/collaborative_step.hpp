@@ -1,0 +1,221 @@
+// optim::collaborative_optimizer: one step, from the caller's gradient to the end of an epoch
+// (included by optim/collaborative.hpp).
+#pragma once
+
+#include "hivemesh/optim/collaborative.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <utility>
+
+namespace hivemesh::optim {
+
+namespace detail {
+
+/// Clears a flag when the scope ends.
+struct flag_release {
+    std::atomic<bool>& flag;
+    ~flag_release() { flag = false; }
+};
+
+} // namespace detail
+
+template <net::transport Transport>
+std::uint64_t collaborative_optimizer<Transport>::begin_step(shared& st, std::uint64_t batch_size) {
+    const bool aux = st.role == averaging::member_role::aux;
+    const std::uint64_t batch = batch_size != 0 ? batch_size : st.options.batch_size_per_step;
+    if (!aux && batch == 0)
+        detail::throw_invalid(detail::collaborative_who,
+                              "step() needs a batch size: pass one or set batch_size_per_step");
+    if (st.stepping.exchange(true))
+        detail::throw_invalid(detail::collaborative_who, "a step is already running");
+    if (aux || st.closed) return batch;
+    try {
+        const time_point started = st.now();
+        if (st.options.use_local_updates)
+            st.local.step(st.params);
+        else
+            accumulate(st, batch);
+        const duration spent = st.now() - started;
+        std::lock_guard lock(st.mutex);
+        (st.options.use_local_updates ? st.stats.optimizer_step : st.stats.accumulating) += spent;
+    } catch (...) {
+        st.stepping = false;
+        throw;
+    }
+    return batch;
+}
+
+template <net::transport Transport>
+void collaborative_optimizer<Transport>::accumulate(shared& st, std::uint64_t batch) {
+    for (std::size_t i = 0; i < st.params.size(); ++i) {
+        const std::size_t n = st.params[i].grad.size();
+        if (n != st.accumulators[i].size())
+            throw std::system_error(make_error_code(errc::size_mismatch),
+                                    std::string(detail::collaborative_who) +
+                                        ": the grad of "
+                                        "parameter " +
+                                        std::to_string(i) + " has " + std::to_string(n) +
+                                        " elements, not " +
+                                        std::to_string(st.accumulators[i].size()));
+    }
+    const auto weight = static_cast<float>(batch);
+    const bool first = st.accumulated_steps == 0;
+    for (std::size_t i = 0; i < st.params.size(); ++i) {
+        const tensor::const_host_view<tensor::tensor_ref> grad(st.params[i].grad);
+        const float* g = grad.span().data();
+        float* sum = st.accumulators[i].data();
+        const std::size_t n = grad.size();
+        if (first)
+            for (std::size_t j = 0; j < n; ++j)
+                sum[j] = weight * g[j];
+        else
+            for (std::size_t j = 0; j < n; ++j)
+                sum[j] += weight * g[j];
+    }
+    ++st.accumulated_steps;
+}
+
+template <net::transport Transport>
+asio::awaitable<std::pair<std::error_code, step_report>>
+collaborative_optimizer<Transport>::run_step(shared_ptr st, std::uint64_t batch) {
+    const detail::flag_release release{st->stepping};
+    step_report report;
+    const auto finish = [&] {
+        report.epoch = st->epoch.load();
+        report.samples = st->samples;
+        return std::pair{std::error_code{}, report};
+    };
+    if (st->closed) co_return std::pair{make_error_code(errc::cancelled), report};
+    const bool aux = st->role == averaging::member_role::aux;
+    {
+        std::lock_guard lock(st->mutex);
+        ++st->stats.steps;
+        st->stats.samples += aux ? 0 : batch;
+    }
+    if (aux) {
+        // An aux peer trains nothing: it follows the swarm's epoch.
+        const std::uint64_t global = st->tracker.global_progress().epoch;
+        if (global > st->epoch.load()) enter_epoch(*st, global);
+    } else {
+        st->samples += batch;
+        if (!st->first_read) {
+            // Whether this peer is behind is known only once the tracker has read the others'
+            // records: a newcomer's first step waits for that read (a few round trips).
+            co_await wait_for_first_read(st);
+            st->first_read = true;
+        }
+        if (should_load_state(*st)) {
+            // This batch was computed from parameters the swarm has left behind.
+            report.state_loaded = true;
+            report.state_error = co_await load_state(st);
+            co_return finish();
+        }
+        st->tracker.report_local_progress(st->epoch.load(), st->samples);
+    }
+    maybe_schedule(st);
+    if (st->tracker.ready_to_update_epoch()) co_await end_epoch(st, report);
+    co_return finish();
+}
+
+template <net::transport Transport>
+asio::awaitable<void> collaborative_optimizer<Transport>::wait_for_first_read(shared_ptr st) {
+    const auto reads = [&] {
+        const auto s = st->tracker.statistics();
+        return s.fetches + s.fetch_failures;
+    };
+    while (reads() == 0 && !st->closed) {
+        auto [ec, progress] =
+            co_await st->tracker.async_wait_for_update(st->tracker.global_progress().version);
+        if (ec) break;
+    }
+}
+
+template <net::transport Transport>
+void collaborative_optimizer<Transport>::maybe_schedule(const shared_ptr& st) {
+    if (st->closed) return;
+    const auto global = st->tracker.global_progress();
+    if (global.num_peers <= 1 || global.eta == time_point::max() ||
+        st->now() + st->options.matchmaking_time < global.eta)
+        return;
+    const std::uint64_t epoch = st->epoch.load();
+    const rounds_due due = rounds_at(*st, std::max(epoch + 1, global.epoch));
+    if (due.round && (!st->scheduled_round || st->scheduled_round->done))
+        st->scheduled_round = schedule(*st, *st->rounds, epoch);
+    if (due.state && (!st->scheduled_state || st->scheduled_state->done))
+        st->scheduled_state = schedule(*st, *st->state, epoch);
+}
+
+template <net::transport Transport>
+auto collaborative_optimizer<Transport>::rounds_at(const shared& st, std::uint64_t next)
+    -> rounds_due {
+    const std::uint64_t every = st.options.average_state_every;
+    const bool state = every != 0 && next % every == 0;
+    if (!st.options.use_local_updates) return {true, state};
+    return {!state, state};
+}
+
+template <net::transport Transport>
+asio::awaitable<void> collaborative_optimizer<Transport>::end_epoch(shared_ptr st,
+                                                                    step_report& report) {
+    const auto global = st->tracker.global_progress();
+    const std::uint64_t epoch = st->epoch.load();
+    const std::uint64_t next = std::max(epoch + 1, global.epoch);
+    const bool alone = global.num_peers <= 1;
+    const bool aux = st->role == averaging::member_role::aux;
+    const bool gradients = !st->options.use_local_updates;
+    const rounds_due due = rounds_at(*st, next);
+    report.epoch_ended = true;
+    report.samples_contributed = st->samples;
+
+    const auto timed = [&](duration optimizer_statistics::*phase,
+                           auto& work) -> asio::awaitable<void> {
+        const time_point started = st->now();
+        co_await offload(st->compute, work);
+        std::lock_guard lock(st->mutex);
+        st->stats.*phase += st->now() - started;
+    };
+    if (gradients && !aux) {
+        auto to_mean = [&] {
+            const float scale = 1.0f / static_cast<float>(st->samples);
+            for (auto& sums : st->accumulators)
+                for (float& x : sums)
+                    x *= scale;
+        };
+        co_await timed(&optimizer_statistics::accumulating, to_mean);
+    }
+    const auto average = [&](averager_type& averager, pending_ptr& scheduled,
+                             double weight) -> asio::awaitable<round_report> {
+        if (!alone)
+            co_return co_await run_round(st, averager, std::exchange(scheduled, nullptr), epoch,
+                                         weight);
+        co_await abandon(scheduled);
+        co_return round_report{round_outcome::alone, {}, 1, 0.0};
+    };
+    if (due.round) {
+        // Gradients weigh by their samples; parameters count equally.
+        const double weight = gradients && !aux ? static_cast<double>(st->samples) : 1.0;
+        report.averaging = co_await average(*st->rounds, st->scheduled_round, weight);
+        count(*st, report.averaging);
+    }
+    if (gradients && !aux) {
+        auto apply = [&] { st->local.step(st->accumulated); };
+        co_await timed(&optimizer_statistics::optimizer_step, apply);
+    }
+    if (due.state) {
+        report.state_averaging = co_await average(*st->state, st->scheduled_state, 1.0);
+        count(*st, report.state_averaging);
+    }
+    enter_epoch(*st, next);
+    {
+        std::lock_guard lock(st->mutex);
+        ++st->stats.epochs;
+    }
+    co_await publish_served_state(st);
+}
+
+} // namespace hivemesh::optim

@@ -1,0 +1,64 @@
+// Peers (hivemesh::basic_peer) on one simulated network, each bootstrapped from the first, in
+// virtual time: the fixture of the tests of the layers built on the peer (progress, optim).
+#pragma once
+
+#include "support/identities.hpp"
+
+#include <hivemesh/net/sim.hpp>
+#include <hivemesh/peer.hpp>
+
+#include <asio/io_context.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+namespace hivemesh::test {
+
+using sim_peer = basic_peer<net::sim::transport>;
+
+struct sim_peers {
+    explicit sim_peers(std::uint64_t seed)
+        : network(io, seed) {}
+
+    /// A new peer, bootstrapped from the first (REQUIREd to succeed within a virtual minute).
+    sim_peer& add_peer(bool client_mode = false) {
+        using namespace std::chrono_literals;
+        const auto node = network.add_node();
+        peer_options o;
+        o.listen = {"/sim/" + std::to_string(node) + "/port/0"};
+        o.client_mode = client_mode;
+        if (!peers.empty()) o.initial_peers = {peers.front().addresses().front()};
+        o.dht.maintenance_period = 0s; // nothing in the background the tests do not ask for
+        auto& p = peers.emplace_back(net::sim::transport(network, node), o,
+                                     identity_of(static_cast<std::uint8_t>(peers.size() + 1)));
+        nodes.push_back(node);
+        bool done = false;
+        p.async_bootstrap([&done](std::error_code ec, std::string why) {
+            CHECK_FALSE(ec);
+            CHECK(why.empty());
+            done = true;
+        });
+        network.time().run_until([&] { return done; }, 60s);
+        REQUIRE(done);
+        return p;
+    }
+
+    time_point now() const { return network.time().now(); }
+    template <class Predicate>
+    bool run_until(Predicate done, duration max) {
+        return network.time().run_until(done, max);
+    }
+    void run_for(duration d) { network.time().run_for(d); }
+
+    asio::io_context io;
+    net::sim::network network;
+    std::deque<sim_peer> peers;
+    std::vector<net::sim::node_id> nodes;
+};
+
+} // namespace hivemesh::test
