@@ -64,6 +64,9 @@ struct collaborative_options {
     /// How long before the estimated end of an epoch matchmaking starts, and how long it may
     /// look for a group.
     duration matchmaking_time = 15s;
+    /// True: matchmaking for an epoch's rounds starts matchmaking_time before the estimated
+    /// end of the epoch, so the group is ready when the epoch ends; false: only once it ended.
+    bool schedule_ahead = true;
     /// How long one all-reduce may take.
     duration averaging_timeout = 60s;
     /// How long a state download may take, every donor tried.

@@ -137,7 +137,7 @@ asio::awaitable<void> collaborative_optimizer<Transport>::wait_for_first_read(sh
 
 template <net::transport Transport>
 void collaborative_optimizer<Transport>::maybe_schedule(const shared_ptr& st) {
-    if (st->closed) return;
+    if (st->closed || !st->options.schedule_ahead) return;
     const auto global = st->tracker.global_progress();
     if (global.num_peers <= 1 || global.eta == time_point::max() ||
         st->now() + st->options.matchmaking_time < global.eta)
