@@ -572,3 +572,102 @@ TEST_CASE("two peers over loopback TCP end every epoch with the samples-weighted
     });
     CHECK(refused.get_future().get() == "wrong_thread");
 }
+
+namespace {
+
+/// max |values − Σ c_p / n| over the swarm's mean target.
+double distance_to_mean_target(const collaborative_swarm& swarm, const std::vector<float>& values) {
+    double worst = 0;
+    const auto n = static_cast<double>(swarm.trainers.size());
+    for (std::size_t j = 0; j < values.size(); ++j) {
+        double mean = 0;
+        for (const auto& t : swarm.trainers)
+            mean += static_cast<double>(t.model.target[j]) / n;
+        worst = std::max(worst, std::abs(static_cast<double>(values[j]) - mean));
+    }
+    return worst;
+}
+
+} // namespace
+
+TEST_CASE("the delayed modes average and step in the background, and a later step applies it",
+          "[optim][collaborative][sim]") {
+    const bool optimizer_step = GENERATE(false, true);
+    INFO("delay_optimizer_step " << optimizer_step);
+    collaborative_swarm swarm(30);
+    for (const auto interval : {100ms, 170ms, 230ms}) {
+        auto o = run_options(1024, 3);
+        o.delay_grad_averaging = true;
+        o.delay_optimizer_step = optimizer_step;
+        swarm.add(o, plain_sgd(0.5), interval);
+    }
+    const double initial = distance_to_mean_target(swarm, swarm.trainers[0].model.values());
+    swarm.wait_until_all_seen(3);
+    swarm.run();
+    // The epoch advances at once; the update comes one step after its round.
+    for (const auto& t : swarm.trainers) {
+        REQUIRE(t.epoch_ends.size() == 3);
+        CHECK_FALSE(t.epoch_ends[0].update_applied);
+        CHECK(t.optimizer->statistics().rounds_averaged >= 3);
+    }
+    swarm.peers.run_for(15s); // the last round ends
+    // One more step each, together: it applies the update, and the state round follows.
+    std::vector<std::optional<optim::step_report>> last(swarm.trainers.size());
+    for (std::size_t p = 0; p < swarm.trainers.size(); ++p) {
+        auto& t = swarm.trainers[p];
+        t.model.compute_gradient();
+        t.optimizer->async_step(0, [&last, p](std::error_code ec, optim::step_report r) {
+            CHECK_FALSE(ec);
+            last[p] = r;
+        });
+    }
+    REQUIRE(swarm.peers.run_until(
+        [&] {
+            return std::all_of(last.begin(), last.end(), [](auto& r) { return r.has_value(); });
+        },
+        60s));
+    for (const auto& r : last) {
+        CHECK(r->update_applied);
+        CHECK(r->averaging.outcome == optim::round_outcome::averaged);
+        CHECK(r->state_averaging.outcome == optim::round_outcome::averaged);
+    }
+    const auto values = swarm.trainers[0].model.values();
+    for (const auto& t : swarm.trainers)
+        CHECK(t.model.values() == values);
+    CHECK(distance_to_mean_target(swarm, values) < 0.5 * initial);
+}
+
+TEST_CASE("DiLoCo: local inner steps, and an outer Nesterov step on the averaged "
+          "pseudo-gradient converges on a convex problem",
+          "[optim][collaborative][sim]") {
+    collaborative_swarm swarm(31);
+    // DiLoCo's momentum of 0.9 suits long non-convex runs; on a quadratic it circles the
+    // minimum for many epochs, so this run damps it.
+    optim::sgd_options outer;
+    outer.lr = 0.7;
+    outer.momentum = 0.5;
+    outer.nesterov = true;
+    for (std::size_t p = 0; p < 3; ++p) {
+        auto o = run_options(768, 3);
+        o.outer_optimizer = outer;
+        swarm.add(o, plain_sgd(0.2), 150ms).last_epoch = 10;
+    }
+    const double initial = distance_to_mean_target(swarm, swarm.trainers[0].model.values());
+    swarm.wait_until_all_seen(3);
+    swarm.run();
+    std::vector<double> distances;
+    for (std::size_t e = 0; e < 10; ++e) {
+        INFO("epoch " << e);
+        for (const auto& t : swarm.trainers) {
+            REQUIRE(t.epoch_ends.size() == 10);
+            CHECK(t.epoch_ends[e].averaging.outcome == optim::round_outcome::averaged);
+            CHECK(t.values_after[e] == swarm.trainers[0].values_after[e]);
+        }
+        distances.push_back(distance_to_mean_target(swarm, swarm.trainers[0].values_after[e]));
+    }
+    INFO("distance to the mean target: " << initial << " at first, then "
+                                         << Catch::Detail::stringify(distances));
+    CHECK(distances.back() < 0.05 * initial);
+    // Each epoch: the pseudo-gradients, then the state (values and the outer momentum).
+    CHECK(swarm.trainers[0].optimizer->statistics().rounds_averaged == 20);
+}

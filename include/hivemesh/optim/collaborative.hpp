@@ -9,8 +9,12 @@
 // of the epoch, so it overlaps the last batches.
 //
 // Local-update mode: every step() is a local optimizer step, and the peers average their
-// parameters at the end of each epoch. In both modes, every average_state_every epochs the
-// round averages the parameters together with the optimizer's state. A peer that is behind the
+// parameters at the end of each epoch. DiLoCo (outer_optimizer): local inner steps, and each
+// epoch the peers average the pseudo-gradient θ_start − θ and an outer SGD step applies it to
+// θ_start. In every mode, every average_state_every epochs a round averages the parameters
+// together with the optimizer's state. With delay_grad_averaging / delay_optimizer_step the
+// gradient round and the optimizer step run in the background while the next epoch's batches
+// compute, and a later step() applies the update. A peer that is behind the
 // swarm (a newcomer, or one more than an epoch late) downloads the parameters, the optimizer's
 // state and the epoch from a peer before it continues.
 //
@@ -28,6 +32,7 @@
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/net/transport.hpp"
 #include "hivemesh/optim/local_optimizer.hpp"
+#include "hivemesh/optim/sgd.hpp"
 #include "hivemesh/peer.hpp"
 #include "hivemesh/progress/tracker.hpp"
 #include "hivemesh/tensor/tensor.hpp"
@@ -74,9 +79,24 @@ struct collaborative_options {
     /// False: accumulate gradients and average them each epoch; true: a local optimizer step
     /// on every batch, and the parameters averaged each epoch.
     bool use_local_updates = false;
-    /// Every this many epochs the epoch's round averages the parameters and the optimizer's
-    /// state (with equal weights); 0: never.
+    /// Every this many epochs a round averages the parameters and the optimizer's state
+    /// (with equal weights); 0: never.
     std::uint64_t average_state_every = 1;
+    /// Gradient mode only. delay_grad_averaging: the epoch's gradient round runs in the
+    /// background while the trainer computes the next epoch's batches (from parameters one
+    /// update late), and the first step() after the round applies the optimizer step.
+    /// delay_optimizer_step: the optimizer step also runs in the background, on a copy of the
+    /// parameters that the first step() after it copies in; it needs an optimizer that
+    /// updates the values it is given (sgd, adam; not torch_optimizer, which updates its
+    /// module's own tensors). In both, the state round (when due) runs in the step that
+    /// applies the update.
+    bool delay_grad_averaging = false;
+    bool delay_optimizer_step = false;
+    /// DiLoCo: set, the inner steps are local (as with use_local_updates), and at the end of
+    /// each epoch the peers average the pseudo-gradient θ_start − θ, weighted by samples, and
+    /// this SGD (DiLoCo: lr 0.7, momentum 0.9, Nesterov) takes an outer step from θ_start with
+    /// it. Its momentum travels with the state.
+    std::optional<sgd_options> outer_optimizer;
     /// Codecs on the wire: for gradients, and for parameters, optimizer state and downloads.
     compression::kind grad_compression = compression::kind::none;
     compression::kind state_compression = compression::kind::none;
@@ -134,10 +154,13 @@ struct step_report {
     /// The local epoch after the step, and this peer's samples in it so far.
     std::uint64_t epoch = 0;
     std::uint64_t samples = 0;
-    /// The step ended an epoch: the parameters were updated from the epoch's round, to which
-    /// this peer contributed `samples_contributed` samples.
+    /// The step ended an epoch, to which this peer contributed `samples_contributed`
+    /// samples.
     bool epoch_ended = false;
     std::uint64_t samples_contributed = 0;
+    /// The step updated the parameters from an epoch's round (`averaging`): the epoch it
+    /// ended, or with the delayed modes an earlier one.
+    bool update_applied = false;
     /// The step downloaded state from a peer (its own batch was discarded), or tried to and
     /// failed (state_error).
     bool state_loaded = false;
@@ -221,6 +244,10 @@ inline collaborative_options checked(collaborative_options o) {
         throw_invalid(collaborative_who, "averaging_timeout must be > 0");
     if (o.load_state_timeout <= duration::zero())
         throw_invalid(collaborative_who, "load_state_timeout must be > 0");
+    if (o.outer_optimizer) o.use_local_updates = true;
+    if ((o.delay_grad_averaging || o.delay_optimizer_step) && o.use_local_updates)
+        throw_invalid(collaborative_who, "delay_grad_averaging and delay_optimizer_step are for "
+                                         "gradient mode (not use_local_updates or DiLoCo)");
     return o;
 }
 
@@ -350,6 +377,20 @@ private:
     };
     using pending_ptr = std::shared_ptr<pending_round>;
 
+    /// A gradient round (and with delay_optimizer_step, the optimizer step) running in the
+    /// background.
+    struct delayed_update {
+        explicit delayed_update(const asio::any_io_executor& ex)
+            : finished(ex) {}
+        std::uint64_t epoch = 0; ///< that the round ends
+        bool state_due = false;  ///< a state round follows the update
+        pending_ptr round;
+        wakeup finished;
+        bool done = false;
+        bool dropped = false; ///< load_state discards it
+        round_report report;
+    };
+
     /// The snapshot donors serve; swapped at each epoch.
     struct served_state {
         std::mutex mutex;
@@ -370,10 +411,24 @@ private:
         averaging::member_role role;
         std::vector<parameter> params;
         local_optimizer local;
-        /// Gradient mode: Σ batch·grad over the epoch's steps, then its mean, then the round's.
+        bool gradients() const { return !options.use_local_updates; }
+        bool delayed() const {
+            return options.delay_grad_averaging || options.delay_optimizer_step;
+        }
+
+        /// Gradient mode: Σ batch·grad over the epoch's steps.
         std::vector<std::vector<float>> accumulators;
-        /// {value, accumulator}: what the local optimizer steps with in gradient mode.
-        std::vector<parameter> accumulated;
+        /// What the epoch's round averages: the mean gradient, or DiLoCo's pseudo-gradient.
+        std::vector<std::vector<float>> buffers;
+        /// {value, buffer}: what the local optimizer steps with in gradient mode.
+        std::vector<parameter> buffered;
+        /// DiLoCo: the outer optimizer, θ_start, and {θ_start, buffer}.
+        std::optional<local_optimizer> outer;
+        std::vector<std::vector<float>> start_values;
+        std::vector<parameter> outer_params;
+        /// delay_optimizer_step: the values the background step updates, and {those, buffer}.
+        std::vector<std::vector<float>> update_values;
+        std::vector<parameter> update_params;
         /// The parameters' values, then the optimizer's state tensors.
         std::vector<tensor::tensor_ref> state_tensors;
         progress::tracker<Transport> tracker;
@@ -393,6 +448,7 @@ private:
         std::uint64_t accumulated_steps = 0;
 
         // The executor's alone.
+        std::shared_ptr<delayed_update> delayed_round;
         pending_ptr scheduled_round;
         pending_ptr scheduled_state;
         bool first_read = false;      ///< the tracker has read the DHT once
@@ -427,6 +483,33 @@ private:
     static void maybe_schedule(const shared_ptr& st);
     /// Averages, applies and moves to the next epoch.
     static asio::awaitable<void> end_epoch(shared_ptr st, step_report& report);
+    /// `work` on the compute executor, its time added to `phase`.
+    template <class Work>
+    static asio::awaitable<void> timed(shared_ptr st, duration optimizer_statistics::*phase,
+                                       Work& work);
+    /// A round of `averager` (see run_round), or none when the peer is alone; counted.
+    static asio::awaitable<round_report> round_or_alone(shared_ptr st, averager_type& averager,
+                                                        pending_ptr& scheduled, std::uint64_t epoch,
+                                                        double weight, bool alone);
+    /// Fills the buffers with what the epoch's round averages.
+    static asio::awaitable<void> fill_buffers(shared_ptr st);
+    /// Applies the epoch's averaged buffers: the optimizer step, or DiLoCo's outer step.
+    static asio::awaitable<void> apply_buffers(shared_ptr st);
+    /// The state round after an update, if due.
+    static asio::awaitable<void> average_state(shared_ptr st, std::uint64_t epoch, bool alone,
+                                               step_report& report);
+
+    // ---- the delayed modes (impl/collaborative_delayed.hpp) -------------------------------
+
+    /// Starts the epoch's gradient round in the background.
+    static void start_delayed(const shared_ptr& st, std::uint64_t epoch, double weight, bool alone,
+                              bool state_due);
+    static asio::awaitable<void> run_delayed(shared_ptr st, std::shared_ptr<delayed_update> d,
+                                             double weight, bool alone);
+    /// Applies a finished background update (`wait`: waits for a running one first).
+    static asio::awaitable<void> apply_delayed(shared_ptr st, bool wait, step_report& report);
+    /// Cancels a background update and drops it.
+    static asio::awaitable<void> drop_delayed(shared_ptr st);
 
     // ---- rounds (impl/collaborative_rounds.hpp) -----------------------------------------
 
@@ -466,6 +549,7 @@ collaborative_optimizer(basic_peer<Transport>&, std::vector<parameter>, local_op
 } // namespace hivemesh::optim
 
 // The members defined out of class, one file per job; each includes this file first.
+#include "hivemesh/optim/impl/collaborative_delayed.hpp"
 #include "hivemesh/optim/impl/collaborative_rounds.hpp"
 #include "hivemesh/optim/impl/collaborative_state.hpp"
 #include "hivemesh/optim/impl/collaborative_step.hpp"

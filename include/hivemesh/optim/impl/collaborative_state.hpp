@@ -56,11 +56,23 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
                                   "mode");
         role = member_role::client;
     }
+    if (options.delay_optimizer_step && optimizer.name().starts_with("torch:"))
+        detail::throw_invalid(detail::collaborative_who,
+                              "delay_optimizer_step needs an optimizer that updates the values "
+                              "it is given; " +
+                                  optimizer.name() + " updates its module's own tensors");
     state_ = std::make_shared<shared>(peer, std::move(params), std::move(optimizer),
                                       std::move(options), role);
     auto& st = *state_;
     const auto& o = st.options;
     st.epoch = o.tracking.initial_epoch;
+
+    const auto copies = [&st](std::vector<std::vector<float>>& out) {
+        for (const auto& p : st.params) {
+            auto& copy = out.emplace_back(p.value.size());
+            p.value.copy_to(copy);
+        }
+    };
 
     std::vector<tensor::tensor_ref> values;
     for (const auto& p : st.params)
@@ -68,19 +80,34 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
     st.state_tensors = values;
     for (const auto& t : st.local.state_tensors(st.params))
         st.state_tensors.push_back(t);
-
-    const auto announce = peer.announce_endpoint();
-    if (!o.use_local_updates) {
-        std::vector<tensor::tensor_ref> sums;
+    if (!o.use_local_updates || o.outer_optimizer) copies(st.buffers);
+    if (!o.use_local_updates)
         for (const auto& p : st.params)
             st.accumulators.emplace_back(p.value.size(), 0.0f);
-        for (std::size_t i = 0; i < st.params.size(); ++i) {
-            st.accumulated.push_back({st.params[i].value, st.accumulators[i]});
-            sums.push_back(st.accumulators[i]);
-        }
+    for (std::size_t i = 0; i < st.buffers.size(); ++i)
+        st.buffered.push_back({st.params[i].value, st.buffers[i]});
+    if (o.outer_optimizer) {
+        st.outer.emplace(sgd(*o.outer_optimizer));
+        copies(st.start_values);
+        for (std::size_t i = 0; i < st.params.size(); ++i)
+            st.outer_params.push_back({st.start_values[i], st.buffers[i]});
+        for (const auto& t : st.outer->state_tensors(st.outer_params))
+            st.state_tensors.push_back(t);
+    }
+    if (o.delay_optimizer_step) {
+        copies(st.update_values);
+        for (std::size_t i = 0; i < st.params.size(); ++i)
+            st.update_params.push_back({st.update_values[i], st.buffers[i]});
+    }
+
+    const auto announce = peer.announce_endpoint();
+    if (!st.buffers.empty()) {
+        const std::vector<tensor::tensor_ref> buffers(st.buffers.begin(), st.buffers.end());
+        const std::string suffix = o.outer_optimizer ? "_outer" : "_grads";
+        const auto codec = o.outer_optimizer ? o.state_compression : o.grad_compression;
         st.rounds = std::make_unique<averager_type>(
-            peer.rpc(), peer.dht(), announce, std::move(sums),
-            detail::round_options(o, o.run_id + "_grads", role, o.grad_compression), st.compute);
+            peer.rpc(), peer.dht(), announce, buffers,
+            detail::round_options(o, o.run_id + suffix, role, codec), st.compute);
     } else if (o.average_state_every != 1) {
         st.rounds = std::make_unique<averager_type>(
             peer.rpc(), peer.dht(), announce, values,
@@ -120,6 +147,8 @@ void collaborative_optimizer<Transport>::close() {
         for (auto* pending : {&st->scheduled_round, &st->scheduled_state})
             if (*pending && !(*pending)->done)
                 (*pending)->cancel.emit(asio::cancellation_type::all);
+        if (const auto& d = st->delayed_round; d && d->round && !d->round->done)
+            d->round->cancel.emit(asio::cancellation_type::all);
         if (auto* server = st->state->state_server_ptr()) server->stop();
     });
 }
@@ -188,12 +217,15 @@ std::error_code collaborative_optimizer<Transport>::apply_state(shared& st,
     }
     for (std::size_t i = 0; i < s.tensors.size(); ++i)
         st.state_tensors[i].copy_from(s.tensors[i]);
+    for (std::size_t i = 0; i < st.start_values.size(); ++i) // DiLoCo starts from them
+        st.start_values[i] = s.tensors[i];
     st.local.set_step_count(meta.step_count);
     return {};
 }
 
 template <net::transport Transport>
 asio::awaitable<std::error_code> collaborative_optimizer<Transport>::load_state(shared_ptr st) {
+    co_await drop_delayed(st);
     co_await abandon(st->scheduled_round);
     co_await abandon(st->scheduled_state);
     const time_point started = st->now();

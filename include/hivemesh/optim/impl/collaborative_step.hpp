@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -91,6 +92,7 @@ collaborative_optimizer<Transport>::run_step(shared_ptr st, std::uint64_t batch)
         return std::pair{std::error_code{}, report};
     };
     if (st->closed) co_return std::pair{make_error_code(errc::cancelled), report};
+    if (st->delayed_round) co_await apply_delayed(st, false, report);
     const bool aux = st->role == averaging::member_role::aux;
     {
         std::lock_guard lock(st->mutex);
@@ -142,11 +144,14 @@ void collaborative_optimizer<Transport>::maybe_schedule(const shared_ptr& st) {
     if (global.num_peers <= 1 || global.eta == time_point::max() ||
         st->now() + st->options.matchmaking_time < global.eta)
         return;
+    // The averager of a round still running in the background is busy.
+    if (st->delayed_round && !st->delayed_round->done) return;
     const std::uint64_t epoch = st->epoch.load();
     const rounds_due due = rounds_at(*st, std::max(epoch + 1, global.epoch));
     if (due.round && (!st->scheduled_round || st->scheduled_round->done))
         st->scheduled_round = schedule(*st, *st->rounds, epoch);
-    if (due.state && (!st->scheduled_state || st->scheduled_state->done))
+    // With the delayed modes the state round comes later, when the update is applied.
+    if (due.state && !st->delayed() && (!st->scheduled_state || st->scheduled_state->done))
         st->scheduled_state = schedule(*st, *st->state, epoch);
 }
 
@@ -155,8 +160,82 @@ auto collaborative_optimizer<Transport>::rounds_at(const shared& st, std::uint64
     -> rounds_due {
     const std::uint64_t every = st.options.average_state_every;
     const bool state = every != 0 && next % every == 0;
-    if (!st.options.use_local_updates) return {true, state};
-    return {!state, state};
+    if (!st.buffers.empty()) return {true, state}; // gradients, or DiLoCo's pseudo-gradients
+    return {!state, state};                        // parameters, or with them the state
+}
+
+template <net::transport Transport>
+template <class Work>
+asio::awaitable<void>
+collaborative_optimizer<Transport>::timed(shared_ptr st, duration optimizer_statistics::*phase,
+                                          Work& work) {
+    const time_point started = st->now();
+    co_await offload(st->compute, work);
+    std::lock_guard lock(st->mutex);
+    st->stats.*phase += st->now() - started;
+}
+
+template <net::transport Transport>
+asio::awaitable<round_report>
+collaborative_optimizer<Transport>::round_or_alone(shared_ptr st, averager_type& averager,
+                                                   pending_ptr& scheduled, std::uint64_t epoch,
+                                                   double weight, bool alone) {
+    round_report out{round_outcome::alone, {}, 1, 0.0};
+    if (alone)
+        co_await abandon(scheduled);
+    else
+        out = co_await run_round(st, averager, std::exchange(scheduled, nullptr), epoch, weight);
+    count(*st, out);
+    co_return out;
+}
+
+template <net::transport Transport>
+asio::awaitable<void> collaborative_optimizer<Transport>::fill_buffers(shared_ptr st) {
+    if (st->buffers.empty()) co_return;
+    auto fill = [&st = *st] {
+        if (!st.outer) { // the epoch's mean gradient
+            const float scale = 1.0f / static_cast<float>(st.samples);
+            for (std::size_t i = 0; i < st.buffers.size(); ++i)
+                std::transform(st.accumulators[i].begin(), st.accumulators[i].end(),
+                               st.buffers[i].begin(), [scale](float x) { return x * scale; });
+            return;
+        }
+        for (std::size_t i = 0; i < st.buffers.size(); ++i) { // θ_start − θ
+            const tensor::const_host_view<tensor::tensor_ref> values(st.params[i].value);
+            std::transform(st.start_values[i].begin(), st.start_values[i].end(),
+                           values.span().begin(), st.buffers[i].begin(), std::minus<float>{});
+        }
+    };
+    co_await timed(st, &optimizer_statistics::accumulating, fill);
+}
+
+template <net::transport Transport>
+asio::awaitable<void> collaborative_optimizer<Transport>::apply_buffers(shared_ptr st) {
+    if (st->buffers.empty()) co_return;
+    auto apply = [&st = *st] {
+        if (!st.outer) {
+            st.local.step(st.buffered);
+            return;
+        }
+        st.outer->step(st.outer_params);
+        for (std::size_t i = 0; i < st.params.size(); ++i)
+            st.params[i].value.copy_from(st.start_values[i]);
+    };
+    co_await timed(st, &optimizer_statistics::optimizer_step, apply);
+}
+
+template <net::transport Transport>
+asio::awaitable<void>
+collaborative_optimizer<Transport>::average_state(shared_ptr st, std::uint64_t epoch, bool alone,
+                                                  step_report& report) {
+    report.state_averaging =
+        co_await round_or_alone(st, *st->state, st->scheduled_state, epoch, 1.0, alone);
+    if (!st->outer || report.state_averaging.outcome == round_outcome::alone) co_return;
+    auto restart = [&st = *st] { // DiLoCo's next epoch starts from the averaged values
+        for (std::size_t i = 0; i < st.params.size(); ++i)
+            st.params[i].value.copy_to(st.start_values[i]);
+    };
+    co_await offload(st->compute, restart);
 }
 
 template <net::transport Transport>
@@ -167,55 +246,30 @@ asio::awaitable<void> collaborative_optimizer<Transport>::end_epoch(shared_ptr s
     const std::uint64_t next = std::max(epoch + 1, global.epoch);
     const bool alone = global.num_peers <= 1;
     const bool aux = st->role == averaging::member_role::aux;
-    const bool gradients = !st->options.use_local_updates;
     const rounds_due due = rounds_at(*st, next);
     report.epoch_ended = true;
     report.samples_contributed = st->samples;
-
-    const auto timed = [&](duration optimizer_statistics::*phase,
-                           auto& work) -> asio::awaitable<void> {
-        const time_point started = st->now();
-        co_await offload(st->compute, work);
-        std::lock_guard lock(st->mutex);
-        st->stats.*phase += st->now() - started;
-    };
-    if (gradients && !aux) {
-        auto to_mean = [&] {
-            const float scale = 1.0f / static_cast<float>(st->samples);
-            for (auto& sums : st->accumulators)
-                for (float& x : sums)
-                    x *= scale;
-        };
-        co_await timed(&optimizer_statistics::accumulating, to_mean);
-    }
-    const auto average = [&](averager_type& averager, pending_ptr& scheduled,
-                             double weight) -> asio::awaitable<round_report> {
-        if (!alone)
-            co_return co_await run_round(st, averager, std::exchange(scheduled, nullptr), epoch,
-                                         weight);
-        co_await abandon(scheduled);
-        co_return round_report{round_outcome::alone, {}, 1, 0.0};
-    };
-    if (due.round) {
-        // Gradients weigh by their samples; parameters count equally.
-        const double weight = gradients && !aux ? static_cast<double>(st->samples) : 1.0;
-        report.averaging = co_await average(*st->rounds, st->scheduled_round, weight);
-        count(*st, report.averaging);
-    }
-    if (gradients && !aux) {
-        auto apply = [&] { st->local.step(st->accumulated); };
-        co_await timed(&optimizer_statistics::optimizer_step, apply);
-    }
-    if (due.state) {
-        report.state_averaging = co_await average(*st->state, st->scheduled_state, 1.0);
-        count(*st, report.state_averaging);
+    // Gradients and pseudo-gradients weigh by their samples; parameters count equally.
+    const double weight = !st->buffers.empty() && !aux ? static_cast<double>(st->samples) : 1.0;
+    if (st->delayed()) {
+        co_await apply_delayed(st, true, report); // the previous epoch's update comes first
+        if (!aux) co_await fill_buffers(st);
+        start_delayed(st, epoch, weight, alone, due.state);
+    } else {
+        if (!aux) co_await fill_buffers(st);
+        if (due.round)
+            report.averaging =
+                co_await round_or_alone(st, *st->rounds, st->scheduled_round, epoch, weight, alone);
+        if (!aux) co_await apply_buffers(st);
+        report.update_applied = true;
+        if (due.state) co_await average_state(st, epoch, alone, report);
     }
     enter_epoch(*st, next);
     {
         std::lock_guard lock(st->mutex);
         ++st->stats.epochs;
     }
-    co_await publish_served_state(st);
+    if (!st->delayed()) co_await publish_served_state(st);
 }
 
 } // namespace hivemesh::optim
