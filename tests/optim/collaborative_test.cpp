@@ -671,3 +671,63 @@ TEST_CASE("DiLoCo: local inner steps, and an outer Nesterov step on the averaged
     // Each epoch: the pseudo-gradients, then the state (values and the outer momentum).
     CHECK(swarm.trainers[0].optimizer->statistics().rounds_averaged == 20);
 }
+
+TEST_CASE("the averaged gradient is the gradient over the union of the epoch's batches",
+          "[optim][collaborative][sim]") {
+    const std::size_t peers = GENERATE(2, 4);
+    INFO(peers << " peers");
+    constexpr double lr = 0.5;
+    constexpr std::size_t batch = 32;
+    const std::vector<duration> intervals{100ms, 170ms, 230ms, 310ms};
+    collaborative_swarm swarm(40 + peers);
+    // Every batch of every peer has samples of its own: the gradient of ½‖w − x‖² averaged
+    // over a batch is w − (the batch's mean sample), and each step draws a new batch.
+    struct batch_record {
+        std::uint64_t epoch;
+        std::vector<double> sample_sum; ///< Σ x over the batch
+    };
+    std::vector<std::vector<batch_record>> batches(peers);
+    for (std::size_t p = 0; p < peers; ++p) {
+        auto& t = swarm.add(run_options(1024, peers), plain_sgd(lr), intervals[p]);
+        t.last_epoch = 2;
+        t.before_step = [&, p](trainer& t) {
+            const std::size_t step = batches[p].size();
+            batch_record record{t.optimizer->local_epoch(),
+                                std::vector<double>(first_size + second_size, 0.0)};
+            std::vector<float> mean(record.sample_sum.size(), 0.0f);
+            for (std::size_t i = 0; i < batch; ++i)
+                for (std::size_t j = 0; j < mean.size(); ++j) {
+                    const double x =
+                        std::sin(0.001 * static_cast<double>(
+                                             (p * 7919 + step * 104729 + i * 31) % 100003 + j));
+                    record.sample_sum[j] += x;
+                    mean[j] += static_cast<float>(x / batch);
+                }
+            t.model.target = mean;
+            t.model.compute_gradient();
+            batches[p].push_back(std::move(record));
+        };
+    }
+    swarm.wait_until_all_seen(peers);
+    swarm.run();
+    std::vector<double> w(first_size + second_size, 0.0);
+    for (std::uint64_t e = 0; e < 2; ++e) {
+        INFO("epoch " << e);
+        // One process over the union of the epoch's batches: the gradient at w is w − mean(x).
+        std::vector<double> sum(w.size(), 0.0);
+        double samples = 0;
+        for (const auto& records : batches)
+            for (const auto& r : records)
+                if (r.epoch == e) {
+                    samples += batch;
+                    for (std::size_t j = 0; j < w.size(); ++j)
+                        sum[j] += r.sample_sum[j];
+                }
+        for (std::size_t j = 0; j < w.size(); ++j)
+            w[j] -= lr * (w[j] - sum[j] / samples);
+        for (const auto& t : swarm.trainers) {
+            REQUIRE(t.epoch_ends.size() == 2);
+            CHECK(max_difference(t.values_after[e], w) <= 1e-5);
+        }
+    }
+}

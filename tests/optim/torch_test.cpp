@@ -1,16 +1,23 @@
-// libtorch: hivemesh's sgd/adam/adamw against torch::optim on the same problem, and
+// libtorch: hivemesh's sgd/adam/adamw against torch::optim on the same problem;
 // torch_optimizer over a torch::nn::Linear: its state tensors are the optimizer's own, state
-// written into a second wrapper continues the first exactly, and its errors.
+// written into a second wrapper continues the first exactly, and its errors; and two peers that
+// train a module through it with the collaborative optimizer.
 //
 // <hivemesh/optim/torch.hpp> comes first: it includes <ATen/core/ivalue.h> before the torch
 // headers, without which clang 14 in C++20 mode rejects them.
 #include <hivemesh/optim/torch.hpp>
 
 #include "support/optimizers.hpp"
+#include "support/sim_peers.hpp"
 
+#include <hivemesh/net/sim.hpp>
 #include <hivemesh/optim.hpp>
 #include <hivemesh/tensor.hpp>
 #include <hivemesh/tensor/torch.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/this_coro.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -23,8 +30,10 @@
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/sgd.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -102,11 +111,12 @@ struct linear_problem {
         linear->bias.copy_(tensor_of({0.1f, -0.2f}, {2}));
     }
 
-    /// Zeroes the gradients, then backward() of the squared error on the fixed batch.
-    void loss() {
+    /// Zeroes the gradients, then backward() of the squared error on the fixed batch (its
+    /// targets scaled by `scale`).
+    void loss(float scale = 1) {
         linear->zero_grad();
         const auto x = tensor_of({1, 2, 3, -1, 0.5f, 2, 0, -2, 1, 0.25f, 0.75f, -1.5f}, {4, 3});
-        const auto y = tensor_of({1, 0, -1, 2, 0.5f, 0.5f, 3, -1}, {4, 2});
+        const auto y = tensor_of({1, 0, -1, 2, 0.5f, 0.5f, 3, -1}, {4, 2}) * scale;
         (linear->forward(x) - y).pow(2).sum().backward();
     }
 
@@ -356,4 +366,76 @@ TEST_CASE("torch_optimizer errors", "[optim][torch][errors]") {
                       Contains("2 parameters"));
     CHECK(problem.parameter_values() == other.parameter_values());
     CHECK_THROWS_AS(ho::torch_optimizer(nullptr), std::invalid_argument);
+}
+
+namespace {
+
+/// A peer training `problem` with `optimizer`: a batch every `interval` until epoch 3.
+asio::awaitable<void> train_module(linear_problem* problem,
+                                   ho::collaborative_optimizer<hivemesh::net::sim::transport>* opt,
+                                   float scale, hivemesh::duration interval, bool* running) {
+    hivemesh::net::sim::timer timer(co_await asio::this_coro::executor);
+    while (opt->local_epoch() < 3) {
+        timer.expires_after(interval);
+        co_await timer.async_wait(hivemesh::default_token_t{});
+        problem->loss(scale);
+        auto [ec, report] = co_await opt->async_step(0, hivemesh::default_token_t{});
+        REQUIRE_FALSE(ec);
+    }
+    *running = false;
+}
+
+} // namespace
+
+TEST_CASE("two peers train a module through torch::optim::Adam to identical parameters and "
+          "Adam state",
+          "[optim][torch][collaborative]") {
+    using namespace std::chrono_literals;
+    using sim_optimizer = ho::collaborative_optimizer<hivemesh::net::sim::transport>;
+    hivemesh::test::sim_peers swarm(51);
+    std::deque<linear_problem> problems(2);
+    std::deque<ho::module_parameters> params;
+    std::deque<std::shared_ptr<torch::optim::Adam>> adams;
+    std::deque<sim_optimizer> optimizers;
+    for (std::size_t p = 0; p < 2; ++p) {
+        auto& peer = swarm.add_peer();
+        params.push_back(ho::parameters_of(*problems[p].linear));
+        adams.push_back(std::make_shared<torch::optim::Adam>(problems[p].linear->parameters(),
+                                                             torch::optim::AdamOptions(0.05)));
+        ho::collaborative_options o;
+        o.run_id = "torch";
+        o.target_batch_size = 256;
+        o.batch_size_per_step = 16;
+        o.matchmaking_time = 3s;
+        o.averaging_timeout = 10s;
+        o.averaging.target_group_size = 2;
+        optimizers.emplace_back(peer, params.back().list(), ho::torch_optimizer(adams.back()), o);
+    }
+    REQUIRE(swarm.run_until(
+        [&] {
+            return optimizers[0].global_progress().num_peers == 2 &&
+                   optimizers[1].global_progress().num_peers == 2;
+        },
+        60s));
+    bool running[2] = {true, true};
+    asio::co_spawn(swarm.network.get_executor(),
+                   train_module(&problems[0], &optimizers[0], 1.0f, 100ms, &running[0]),
+                   asio::detached);
+    asio::co_spawn(swarm.network.get_executor(),
+                   train_module(&problems[1], &optimizers[1], -2.0f, 170ms, &running[1]),
+                   asio::detached);
+    REQUIRE(swarm.run_until([&] { return !running[0] && !running[1]; }, 300s));
+
+    CHECK(optimizers[0].statistics().rounds_averaged == 6);
+    CHECK(problems[0].parameter_values() == problems[1].parameter_values());
+    CHECK(problems[0].parameter_values() != linear_problem().parameter_values());
+    const auto state0 = optimizers[0].optimizer().state_tensors(params[0].list());
+    const auto state1 = optimizers[1].optimizer().state_tensors(params[1].list());
+    REQUIRE(state0.size() == 4);
+    for (std::size_t i = 0; i < state0.size(); ++i)
+        CHECK(read(state0[i]) == read(state1[i]));
+    CHECK(adam_state(*adams[0], problems[0].linear->weight).step() == 3);
+    for (auto& o : optimizers)
+        o.close();
+    swarm.run_for(1s);
 }
