@@ -731,3 +731,32 @@ TEST_CASE("the averaged gradient is the gradient over the union of the epoch's b
         }
     }
 }
+
+TEST_CASE("the optimizer as the README shows it: a plain vector model on a peer",
+          "[optim][collaborative][tcp]") {
+    peer_options po;
+    po.listen = {"/ip4/127.0.0.1/tcp/0"};
+    hivemesh::peer peer(po);
+    const std::size_t n = 1000;
+    // From here on, as written in the README (a peer alone: its rounds are skipped).
+    std::vector<float> weights(n), grads(n);
+    hivemesh::optim::collaborative_options co;
+    co.run_id = "demo";
+    co.target_batch_size = 256;
+    co.batch_size_per_step = 32;
+    co.matchmaking_time = 2s;
+    co.averaging_timeout = 10s;
+    hivemesh::optim::sgd_options so;
+    so.lr = 0.5;
+    hivemesh::optim::collaborative_optimizer opt(peer, {hivemesh::optim::parameter{weights, grads}},
+                                                 hivemesh::optim::sgd(so), co);
+    for (int step = 0; step < 16; ++step) {
+        for (std::size_t j = 0; j < n; ++j)
+            grads[j] = weights[j] - 1.0f; // the gradient of ½‖w − 1‖²
+        opt.step();
+    }
+    std::size_t e = opt.local_epoch();
+    CHECK(e == 2);
+    CHECK(weights == std::vector<float>(n, 0.75f)); // 0 → 0.5 → 0.75
+    CHECK(opt.statistics().rounds_alone == 4);
+}

@@ -553,3 +553,15 @@ collaborative_optimizer(basic_peer<Transport>&, std::vector<parameter>, local_op
 #include "hivemesh/optim/impl/collaborative_rounds.hpp"
 #include "hivemesh/optim/impl/collaborative_state.hpp"
 #include "hivemesh/optim/impl/collaborative_step.hpp"
+
+// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
+// instantiations are compiled once, in src/optim.cpp, not in every translation unit.
+#if defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/net/sim.hpp"
+#include "hivemesh/net/tcp.hpp"
+
+namespace hivemesh::optim {
+extern template class collaborative_optimizer<net::tcp::transport>;
+extern template class collaborative_optimizer<net::sim::transport>;
+} // namespace hivemesh::optim
+#endif
