@@ -46,10 +46,10 @@ collaborative_optimizer<Transport>::run_delayed(shared_ptr st, std::shared_ptr<d
         if (!d->dropped && st->options.delay_optimizer_step &&
             st->role != averaging::member_role::aux) {
             // On a copy: the trainer reads the parameters meanwhile.
-            auto step = [&st = *st] {
-                for (std::size_t i = 0; i < st.params.size(); ++i)
-                    st.params[i].value.copy_to(st.update_values[i]);
-                st.local.step(st.update_params);
+            auto step = [&self = *st] {
+                for (std::size_t i = 0; i < self.params.size(); ++i)
+                    self.params[i].value.copy_to(self.update_values[i]);
+                self.local.step(self.update_params);
             };
             co_await timed(st, &optimizer_statistics::optimizer_step, step);
         }
@@ -75,9 +75,9 @@ asio::awaitable<void> collaborative_optimizer<Transport>::apply_delayed(shared_p
     if (d->dropped) co_return;
     if (st->role != averaging::member_role::aux) {
         if (st->options.delay_optimizer_step) {
-            auto copy_in = [&st = *st] {
-                for (std::size_t i = 0; i < st.params.size(); ++i)
-                    st.params[i].value.copy_from(st.update_values[i]);
+            auto copy_in = [&self = *st] {
+                for (std::size_t i = 0; i < self.params.size(); ++i)
+                    self.params[i].value.copy_from(self.update_values[i]);
             };
             co_await timed(st, &optimizer_statistics::optimizer_step, copy_in);
         } else {
@@ -85,8 +85,10 @@ asio::awaitable<void> collaborative_optimizer<Transport>::apply_delayed(shared_p
         }
     }
     report.update_applied = true;
-    if (d->state_due)
-        co_await average_state(st, d->epoch, st->tracker.global_progress().num_peers <= 1, report);
+    if (d->state_due) {
+        const bool alone = st->tracker.global_progress().num_peers <= 1;
+        co_await average_state(st, d->epoch, alone, report);
+    }
     co_await publish_served_state(st);
 }
 

@@ -131,8 +131,8 @@ asio::awaitable<void> collaborative_optimizer<Transport>::wait_for_first_read(sh
         return s.fetches + s.fetch_failures;
     };
     while (reads() == 0 && !st->closed) {
-        auto [ec, progress] =
-            co_await st->tracker.async_wait_for_update(st->tracker.global_progress().version);
+        const std::uint64_t seen = st->tracker.global_progress().version;
+        auto [ec, progress] = co_await st->tracker.async_wait_for_update(seen);
         if (ec) break;
     }
 }
@@ -183,8 +183,10 @@ collaborative_optimizer<Transport>::round_or_alone(shared_ptr st, averager_type&
     round_report out{round_outcome::alone, {}, 1, 0.0};
     if (alone)
         co_await abandon(scheduled);
-    else
-        out = co_await run_round(st, averager, std::exchange(scheduled, nullptr), epoch, weight);
+    else {
+        pending_ptr pending = std::exchange(scheduled, nullptr);
+        out = co_await run_round(st, averager, std::move(pending), epoch, weight);
+    }
     count(*st, out);
     co_return out;
 }
@@ -192,18 +194,18 @@ collaborative_optimizer<Transport>::round_or_alone(shared_ptr st, averager_type&
 template <net::transport Transport>
 asio::awaitable<void> collaborative_optimizer<Transport>::fill_buffers(shared_ptr st) {
     if (st->buffers.empty()) co_return;
-    auto fill = [&st = *st] {
-        if (!st.outer) { // the epoch's mean gradient
-            const float scale = 1.0f / static_cast<float>(st.samples);
-            for (std::size_t i = 0; i < st.buffers.size(); ++i)
-                std::transform(st.accumulators[i].begin(), st.accumulators[i].end(),
-                               st.buffers[i].begin(), [scale](float x) { return x * scale; });
+    auto fill = [&self = *st] {
+        if (!self.outer) { // the epoch's mean gradient
+            const float scale = 1.0f / static_cast<float>(self.samples);
+            for (std::size_t i = 0; i < self.buffers.size(); ++i)
+                std::transform(self.accumulators[i].begin(), self.accumulators[i].end(),
+                               self.buffers[i].begin(), [scale](float x) { return x * scale; });
             return;
         }
-        for (std::size_t i = 0; i < st.buffers.size(); ++i) { // θ_start − θ
-            const tensor::const_host_view<tensor::tensor_ref> values(st.params[i].value);
-            std::transform(st.start_values[i].begin(), st.start_values[i].end(),
-                           values.span().begin(), st.buffers[i].begin(), std::minus<float>{});
+        for (std::size_t i = 0; i < self.buffers.size(); ++i) { // θ_start − θ
+            const tensor::const_host_view<tensor::tensor_ref> values(self.params[i].value);
+            std::transform(self.start_values[i].begin(), self.start_values[i].end(),
+                           values.span().begin(), self.buffers[i].begin(), std::minus<float>{});
         }
     };
     co_await timed(st, &optimizer_statistics::accumulating, fill);
@@ -212,14 +214,14 @@ asio::awaitable<void> collaborative_optimizer<Transport>::fill_buffers(shared_pt
 template <net::transport Transport>
 asio::awaitable<void> collaborative_optimizer<Transport>::apply_buffers(shared_ptr st) {
     if (st->buffers.empty()) co_return;
-    auto apply = [&st = *st] {
-        if (!st.outer) {
-            st.local.step(st.buffered);
+    auto apply = [&self = *st] {
+        if (!self.outer) {
+            self.local.step(self.buffered);
             return;
         }
-        st.outer->step(st.outer_params);
-        for (std::size_t i = 0; i < st.params.size(); ++i)
-            st.params[i].value.copy_from(st.start_values[i]);
+        self.outer->step(self.outer_params);
+        for (std::size_t i = 0; i < self.params.size(); ++i)
+            self.params[i].value.copy_from(self.start_values[i]);
     };
     co_await timed(st, &optimizer_statistics::optimizer_step, apply);
 }
@@ -231,9 +233,9 @@ collaborative_optimizer<Transport>::average_state(shared_ptr st, std::uint64_t e
     report.state_averaging =
         co_await round_or_alone(st, *st->state, st->scheduled_state, epoch, 1.0, alone);
     if (!st->outer || report.state_averaging.outcome == round_outcome::alone) co_return;
-    auto restart = [&st = *st] { // DiLoCo's next epoch starts from the averaged values
-        for (std::size_t i = 0; i < st.params.size(); ++i)
-            st.params[i].value.copy_to(st.start_values[i]);
+    auto restart = [&self = *st] { // DiLoCo's next epoch starts from the averaged values
+        for (std::size_t i = 0; i < self.params.size(); ++i)
+            self.params[i].value.copy_to(self.start_values[i]);
     };
     co_await offload(st->compute, restart);
 }
