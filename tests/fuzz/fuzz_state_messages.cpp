@@ -1,7 +1,9 @@
-// libFuzzer target: the state-sharing decoders (request, header, chunk, donor record) on
-// arbitrary input. Every input decodes or is refused; whatever decodes re-encodes to exactly
-// the input bytes. Small limits keep the fuzzer near the boundaries.
+// libFuzzer target: the state-sharing decoders (request, header, chunk, donor record, and the
+// collaborative optimizer's state metadata) on arbitrary input. Every input decodes or is refused;
+// whatever decodes re-encodes to exactly the input bytes. Small limits keep the fuzzer near the
+// boundaries.
 #include <hivemesh/averaging/state_wire.hpp>
+#include <hivemesh/optim/state_metadata.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -40,5 +42,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check_canonical<averaging::state_header>(input); // default limits
     check_canonical<averaging::state_chunk>(input, limits);
     check_canonical<averaging::donor_record>(input);
+    optim::state_metadata metadata;
+    if (!optim::decode(input, metadata)) {
+        const byte_buffer again = optim::encode(metadata);
+        if (again.size() != input.size() || !std::equal(again.begin(), again.end(), input.begin()))
+            std::abort();
+    }
     return 0;
 }

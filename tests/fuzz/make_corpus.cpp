@@ -14,6 +14,7 @@
 #include <hivemesh/net/address.hpp>
 #include <hivemesh/net/frame.hpp>
 #include <hivemesh/net/rpc_wire.hpp>
+#include <hivemesh/optim/state_metadata.hpp>
 #include <hivemesh/progress/record.hpp>
 
 #include <array>
@@ -223,6 +224,8 @@ void write_dht_response_corpus(const std::filesystem::path& dir) {
 void write_state_corpus(const std::filesystem::path& dir) {
     using namespace hivemesh::averaging;
     write_file(dir / "request", encode(state_request{}));
+    write_file(dir / "optimizer_metadata", hivemesh::optim::encode(hivemesh::optim::state_metadata{
+                                               .epoch = 12, .step_count = 12}));
     hivemesh::random_generator rng(5);
     const std::vector<std::vector<std::size_t>> layouts = {{}, {0}, {3}, {5, 0, 2, 9}, {70, 1}};
     std::size_t n = 0;

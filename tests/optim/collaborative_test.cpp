@@ -760,3 +760,91 @@ TEST_CASE("the optimizer as the README shows it: a plain vector model on a peer"
     CHECK(weights == std::vector<float>(n, 0.75f)); // 0 → 0.5 → 0.75
     CHECK(opt.statistics().rounds_alone == 4);
 }
+
+TEST_CASE("the state metadata round-trips and refuses what is not it", "[optim][collaborative]") {
+    const optim::state_metadata m{.epoch = 41, .step_count = 7};
+    const byte_buffer bytes = optim::encode(m);
+    CHECK(bytes.size() == optim::state_metadata_size);
+    optim::state_metadata back;
+    REQUIRE_FALSE(optim::decode(bytes, back));
+    CHECK(back == m);
+    CHECK(optim::decode(byte_view(bytes).first(16), back) == errc::truncated_input);
+    byte_buffer longer = bytes;
+    longer.push_back(std::byte{0});
+    CHECK(optim::decode(longer, back) == errc::trailing_data);
+    byte_buffer other = bytes;
+    other[0] = std::byte{2};
+    CHECK(optim::decode(other, back) == errc::unsupported_version);
+}
+
+TEST_CASE("bad options, parameters and calls are refused with a message that names them",
+          "[optim][collaborative][errors]") {
+    sim_peers swarm(60);
+    auto& peer = swarm.add_peer();
+    auto& client = swarm.add_peer(true);
+    quadratic_model model;
+    const auto refused = [&](auto change, const std::string& words, test::sim_peer* on = nullptr) {
+        auto o = run_options(256, 2);
+        change(o);
+        try {
+            sim_optimizer opt(on ? *on : peer, model.parameters(), plain_sgd(0.1), o);
+            FAIL("accepted: " << words);
+        } catch (const std::invalid_argument& e) {
+            CHECK_THAT(e.what(), Catch::Contains(words));
+        }
+    };
+    refused([](auto& o) { o.run_id = ""; }, "run_id");
+    refused([](auto& o) { o.run_id = std::string(91, 'a'); }, "run_id");
+    refused([](auto& o) { o.run_id = "a b"; }, "run_id");
+    refused([](auto& o) { o.target_batch_size = 0; }, "target_batch_size");
+    refused([](auto& o) { o.matchmaking_time = 0s; }, "matchmaking_time");
+    refused([](auto& o) { o.averaging_timeout = -1s; }, "averaging_timeout");
+    refused([](auto& o) { o.load_state_timeout = 0s; }, "load_state_timeout");
+    refused(
+        [](auto& o) {
+            o.use_local_updates = true;
+            o.delay_grad_averaging = true;
+        },
+        "gradient mode");
+    refused(
+        [](auto& o) {
+            o.outer_optimizer = optim::sgd_options{};
+            o.delay_optimizer_step = true;
+        },
+        "gradient mode");
+    refused([](auto& o) { o.role = averaging::member_role::aux; }, "client mode", &client);
+
+    const auto o = run_options(256, 2);
+    CHECK_THROWS_WITH(sim_optimizer(peer, {}, plain_sgd(0.1), o), Catch::Contains("no parameters"));
+    std::vector<float> short_grad(3), value(4);
+    CHECK_THROWS_AS(sim_optimizer(peer, {optim::parameter{value, short_grad}}, plain_sgd(0.1), o),
+                    std::system_error);
+
+    // A step without a batch size, a second step while one runs, and a grad that shrank.
+    auto no_batch = o;
+    no_batch.batch_size_per_step = 0;
+    sim_optimizer opt(peer, model.parameters(), plain_sgd(0.1), no_batch);
+    CHECK_THROWS_WITH(opt.async_step(0, asio::detached), Catch::Contains("batch size"));
+    bool done = false;
+    opt.async_step(32, [&](std::error_code ec, optim::step_report) {
+        CHECK_FALSE(ec);
+        done = true;
+    });
+    CHECK_THROWS_WITH(opt.async_step(32, asio::detached), Catch::Contains("already running"));
+    REQUIRE(swarm.run_until([&] { return done; }, 60s));
+    model.second_grad.resize(10);
+    try {
+        opt.async_step(32, asio::detached);
+        FAIL("a grad of another size was accepted");
+    } catch (const std::system_error& e) {
+        CHECK(e.code() == errc::size_mismatch);
+    }
+    model.second_grad.resize(second_size);
+    // Closed: a step completes with cancelled.
+    opt.close();
+    std::optional<std::error_code> after_close;
+    opt.async_step(32, [&](std::error_code ec, optim::step_report) { after_close = ec; });
+    REQUIRE(swarm.run_until([&] { return after_close.has_value(); }, 10s));
+    CHECK(*after_close == errc::cancelled);
+    swarm.run_for(1s);
+}

@@ -18,21 +18,22 @@
 // swarm (a newcomer, or one more than an epoch late) downloads the parameters, the optimizer's
 // state and the epoch from a peer before it continues.
 //
-// DHT keys and RPC methods, for run_id R: progress records under "R_progress", gradient rounds
-// under the prefix "R_grads", parameter rounds under "R_params", state rounds, state donors and
-// downloads under the prefix "R" ("R.0b…", "R_state_donors", "R.state").
+// DHT keys and RPC methods, for run_id R: progress records under "R_progress"; the epoch's
+// rounds under the prefix "R_grads" (gradients), "R_params" (parameters) or "R_outer" (DiLoCo);
+// state rounds, state donors and downloads under the prefix "R" ("R.0b…", "R_state_donors",
+// "R.state").
 #pragma once
 
 #include "hivemesh/averaging/averager.hpp"
 #include "hivemesh/compression/kind.hpp"
 #include "hivemesh/core/async.hpp"
-#include "hivemesh/core/binary.hpp"
 #include "hivemesh/core/bytes.hpp"
 #include "hivemesh/core/clock.hpp"
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/net/transport.hpp"
 #include "hivemesh/optim/local_optimizer.hpp"
 #include "hivemesh/optim/sgd.hpp"
+#include "hivemesh/optim/state_metadata.hpp"
 #include "hivemesh/peer.hpp"
 #include "hivemesh/progress/tracker.hpp"
 #include "hivemesh/tensor/tensor.hpp"
@@ -111,8 +112,9 @@ struct collaborative_options {
     /// Group sizes, announced bandwidth and all-reduce details. The prefix, role, times and
     /// codec come from the fields above.
     averaging::averager_options averaging;
-    /// Refresh and expiry of the progress records. run_id, target_batch_size, initial_epoch,
-    /// client and reports_samples come from the fields above.
+    /// Progress tracking: refresh and expiry of the records, and initial_epoch, the epoch this
+    /// peer starts at (e.g. its checkpoint's). run_id, target_batch_size, client and
+    /// reports_samples come from the fields above.
     progress::tracker_options tracking;
 };
 
@@ -192,36 +194,6 @@ struct optimizer_statistics {
     std::uint64_t bytes_received = 0;
     std::uint64_t state_bytes_downloaded = 0; ///< float32 bytes of the states downloaded
 };
-
-/// What travels with a state download besides the tensors.
-struct state_metadata {
-    std::uint64_t epoch = 0;
-    std::uint64_t step_count = 0; ///< the local optimizer's
-    friend bool operator==(const state_metadata&, const state_metadata&) = default;
-};
-
-inline constexpr std::uint8_t state_metadata_version = 1;
-inline constexpr std::size_t state_metadata_size = 17;
-
-inline byte_buffer encode(const state_metadata& m) {
-    byte_buffer out;
-    out.reserve(state_metadata_size);
-    binary_writer w(out);
-    w.write(state_metadata_version);
-    w.write(m.epoch);
-    w.write(m.step_count);
-    return out;
-}
-
-/// Errors: truncated_input, trailing_data, unsupported_version.
-inline std::error_code decode(byte_view bytes, state_metadata& out) {
-    binary_reader r(bytes);
-    const auto version = r.read<std::uint8_t>();
-    if (r.ok() && version != state_metadata_version) r.fail(errc::unsupported_version);
-    out.epoch = r.read<std::uint64_t>();
-    out.step_count = r.read<std::uint64_t>();
-    return r.finish();
-}
 
 /// The longest run_id: the prefixes the optimizer derives from it stay valid.
 inline constexpr std::size_t max_collaborative_run_id_length = 90;

@@ -119,7 +119,7 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
 
     if (o.learning_rate_schedule) st.local.set_learning_rate(o.learning_rate_schedule(st.epoch));
     // A donor serves the snapshot of its latest epoch; aux peers' parameters are not trained.
-    if (announce && role != member_role::aux) {
+    if (announce && role == member_role::node) {
         st.server = std::make_shared<served_state>();
         refresh_served_state(st);
         averaging::server_options serving;
