@@ -310,10 +310,17 @@ TEST_CASE("compressed gradients give every peer the same values, near the exact 
     }
 }
 
-TEST_CASE("a peer alone applies its own gradient every epoch, and says so",
+TEST_CASE("a peer alone applies its own gradient every epoch, and says so; the learning rate "
+          "follows its schedule",
           "[optim][collaborative][sim]") {
     collaborative_swarm swarm(26);
-    auto& t = swarm.add(run_options(256, 4), plain_sgd(0.5), 100ms);
+    auto options = run_options(256, 4);
+    std::vector<std::uint64_t> scheduled;
+    options.learning_rate_schedule = [&](std::uint64_t epoch) {
+        scheduled.push_back(epoch);
+        return 0.5 / static_cast<double>(epoch + 1);
+    };
+    auto& t = swarm.add(options, plain_sgd(1.0), 100ms);
     swarm.run();
     std::vector<double> w(first_size + second_size, 0.0);
     REQUIRE(t.epoch_ends.size() == 3);
@@ -322,10 +329,14 @@ TEST_CASE("a peer alone applies its own gradient every epoch, and says so",
         CHECK(r.averaging.outcome == optim::round_outcome::alone);
         CHECK(r.state_averaging.outcome == optim::round_outcome::alone);
         CHECK(r.samples_contributed == 256);
+        const double lr = 0.5 / static_cast<double>(e + 1);
         for (std::size_t j = 0; j < w.size(); ++j)
-            w[j] -= 0.5 * (w[j] - static_cast<double>(t.model.target[j]));
+            w[j] -= lr * (w[j] - static_cast<double>(t.model.target[j]));
         CHECK(max_difference(t.values_after[e], w) <= 1e-5);
     }
+    // Once at construction, then once per epoch.
+    CHECK(scheduled == std::vector<std::uint64_t>{0, 1, 2, 3});
+    CHECK(t.optimizer->optimizer().learning_rate() == 0.125);
     const auto stats = t.optimizer->statistics();
     CHECK(stats.rounds_alone == 6);
     CHECK(stats.rounds_averaged + stats.rounds_failed + stats.rounds_partial == 0);
