@@ -198,6 +198,46 @@ double max_difference(const std::vector<float>& a, const std::vector<double>& b)
     return worst;
 }
 
+/// What one training peer of an exactness run did: its target, and the reports of the steps
+/// that ended an epoch with its values after each.
+struct epoch_trace {
+    const std::vector<float>* target;
+    const std::vector<optim::step_report>* ends;
+    const std::vector<std::vector<float>>* values_after;
+};
+
+/// The contract of a gradient-mode epoch over `epochs` epochs: after epoch e every peer's values
+/// are w − lr·(w − Σ s_p c_p / Σ s_p) (from w = 0), s_p being the samples each contributed, to
+/// `tolerance`, and identical on every peer (lossy codecs too: everyone applies what the
+/// reducers sent, bit for bit); every round averaged. Returns the samples of all epochs.
+std::uint64_t check_contract(const std::vector<epoch_trace>& peers, double lr, std::size_t epochs,
+                             double tolerance) {
+    std::vector<double> w(first_size + second_size, 0.0);
+    std::uint64_t total = 0;
+    for (std::size_t e = 0; e < epochs; ++e) {
+        INFO("epoch " << e);
+        std::vector<double> weighted(w.size(), 0.0);
+        double samples = 0;
+        for (const auto& peer : peers) {
+            REQUIRE(peer.ends->size() == epochs);
+            const auto& r = (*peer.ends)[e];
+            CHECK(r.averaging.outcome == optim::round_outcome::averaged);
+            const auto s = static_cast<double>(r.samples_contributed);
+            samples += s;
+            total += r.samples_contributed;
+            for (std::size_t j = 0; j < w.size(); ++j)
+                weighted[j] += s * static_cast<double>((*peer.target)[j]);
+        }
+        for (std::size_t j = 0; j < w.size(); ++j)
+            w[j] -= lr * (w[j] - weighted[j] / samples);
+        for (const auto& peer : peers) {
+            CHECK(max_difference((*peer.values_after)[e], w) <= tolerance);
+            CHECK((*peer.values_after)[e] == (*peers.front().values_after)[e]);
+        }
+    }
+    return total;
+}
+
 /// A gradient-mode swarm for the exactness contract.
 struct gradient_run {
     std::size_t nodes = 2;
@@ -229,37 +269,22 @@ void check_exact_epochs(const gradient_run& run) {
     swarm.wait_until_all_seen(training);
     swarm.run();
 
-    std::vector<double> w(first_size + second_size, 0.0);
-    std::uint64_t total = 0;
-    for (std::size_t e = 0; e < 3; ++e) {
-        INFO("epoch " << e);
-        std::vector<double> weighted(w.size(), 0.0);
-        double samples = 0;
-        for (std::size_t p = 0; p < total_peers; ++p) {
-            const auto& t = swarm.trainers[p];
-            REQUIRE(t.epoch_ends.size() == 3);
-            const auto& r = t.epoch_ends[e];
-            CHECK(r.averaging.outcome == optim::round_outcome::averaged);
-            CHECK(r.averaging.group_size == total_peers);
-            if (p >= training) {
-                CHECK(r.samples_contributed == 0);
-                continue;
-            }
-            const auto s = static_cast<double>(r.samples_contributed);
-            samples += s;
-            total += r.samples_contributed;
-            for (std::size_t j = 0; j < w.size(); ++j)
-                weighted[j] += s * static_cast<double>(t.model.target[j]);
-        }
-        for (std::size_t j = 0; j < w.size(); ++j)
-            w[j] -= lr * (w[j] - weighted[j] / samples);
-        for (std::size_t p = 0; p < training; ++p) {
-            const auto& values = swarm.trainers[p].values_after[e];
-            CHECK(max_difference(values, w) <= run.tolerance);
-            // Lossy codecs too: everyone applies what the reducers sent, bit for bit.
-            CHECK(values == swarm.trainers[0].values_after[e]);
-        }
+    std::vector<epoch_trace> traces;
+    for (std::size_t p = 0; p < training; ++p) {
+        const auto& t = swarm.trainers[p];
+        traces.push_back({&t.model.target, &t.epoch_ends, &t.values_after});
     }
+    const std::uint64_t total = check_contract(traces, lr, 3, run.tolerance);
+    for (const auto& t : swarm.trainers) {
+        REQUIRE(t.epoch_ends.size() == 3);
+        for (const auto& r : t.epoch_ends)
+            CHECK(r.averaging.group_size == total_peers);
+    }
+    for (std::size_t p = training; p < total_peers; ++p)
+        for (const auto& r : swarm.trainers[p].epoch_ends) {
+            CHECK(r.averaging.outcome == optim::round_outcome::averaged);
+            CHECK(r.samples_contributed == 0);
+        }
     INFO("samples over 3 epochs: " << total);
     CHECK(total >= 3 * target);
     CHECK(total <= 3 * target * 6 / 5);
@@ -278,7 +303,8 @@ void check_exact_epochs(const gradient_run& run) {
     }
     // An aux peer trains nothing: its values are where they started.
     for (std::size_t p = training; p < total_peers; ++p)
-        CHECK(swarm.trainers[p].model.values() == std::vector<float>(w.size(), 0.0f));
+        CHECK(swarm.trainers[p].model.values() ==
+              std::vector<float>(first_size + second_size, 0.0f));
 }
 
 } // namespace
@@ -546,26 +572,9 @@ TEST_CASE("two peers over loopback TCP end every epoch with the samples-weighted
     fast.join();
     slow.join();
 
-    std::vector<double> w(first_size + second_size, 0.0);
-    std::uint64_t total = 0;
-    for (std::size_t e = 0; e < 3; ++e) {
-        INFO("epoch " << e);
-        std::vector<double> weighted(w.size(), 0.0);
-        double samples = 0;
-        for (std::size_t p = 0; p < 2; ++p) {
-            REQUIRE(ends[p].size() == 3);
-            CHECK(ends[p][e].averaging.outcome == optim::round_outcome::averaged);
-            const auto s = static_cast<double>(ends[p][e].samples_contributed);
-            samples += s;
-            total += ends[p][e].samples_contributed;
-            for (std::size_t j = 0; j < w.size(); ++j)
-                weighted[j] += s * static_cast<double>(models[p].target[j]);
-        }
-        for (std::size_t j = 0; j < w.size(); ++j)
-            w[j] -= lr * (w[j] - weighted[j] / samples);
-        for (std::size_t p = 0; p < 2; ++p)
-            CHECK(max_difference(values[p][e], w) <= 1e-5);
-    }
+    const std::uint64_t total = check_contract(
+        {{&models[0].target, &ends[0], &values[0]}, {&models[1].target, &ends[1], &values[1]}}, lr,
+        3, 1e-5);
     INFO("samples over 3 epochs: " << total);
     CHECK(total >= 3 * target);
     CHECK(total <= 3 * target * 6 / 5);
