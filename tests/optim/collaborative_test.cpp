@@ -336,8 +336,8 @@ TEST_CASE("compressed gradients give every peer the same values, near the exact 
     }
 }
 
-TEST_CASE("a peer alone applies its own gradient every epoch, and says so; the learning rate "
-          "follows its schedule",
+TEST_CASE("a peer alone applies its own gradient every epoch at the rate of its schedule, and "
+          "says it was alone",
           "[optim][collaborative][sim]") {
     collaborative_swarm swarm(26);
     auto options = run_options(256, 4);
