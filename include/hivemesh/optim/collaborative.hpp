@@ -374,7 +374,6 @@ private:
                collaborative_options options, averaging::member_role role);
 
         time_point now() const { return net::transport_now<Transport>(executor); }
-        bool sends_values() const { return averaging::sends_values(role); }
         bool serves_state() const { return server != nullptr; }
 
         asio::any_io_executor executor;
@@ -383,7 +382,6 @@ private:
         averaging::member_role role;
         std::vector<parameter> params;
         local_optimizer local;
-        bool gradients() const { return !options.use_local_updates; }
         bool delayed() const {
             return options.delay_grad_averaging || options.delay_optimizer_step;
         }

@@ -82,10 +82,10 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
         st.state_tensors.push_back(t);
     if (!o.use_local_updates || o.outer_optimizer) copies(st.buffers);
     if (!o.use_local_updates)
-        for (const auto& p : st.params)
-            st.accumulators.emplace_back(p.value.size(), 0.0f);
-    for (std::size_t i = 0; i < st.buffers.size(); ++i)
-        st.buffered.push_back({st.params[i].value, st.buffers[i]});
+        for (std::size_t i = 0; i < st.params.size(); ++i) {
+            st.accumulators.emplace_back(st.params[i].value.size(), 0.0f);
+            st.buffered.push_back({st.params[i].value, st.buffers[i]});
+        }
     if (o.outer_optimizer) {
         st.outer.emplace(sgd(*o.outer_optimizer));
         copies(st.start_values);
