@@ -1,5 +1,6 @@
 // Peers (hivemesh::basic_peer) on one simulated network, each bootstrapped from the first, in
-// virtual time: the fixture of the tests of the layers built on the peer (progress, optim).
+// virtual time: the fixture of the tests of the layers built on the peer (progress, optim) and
+// of bench/collaborative_sim_bench.cpp, so it throws instead of asserting (no Catch2 here).
 #pragma once
 
 #include "support/identities.hpp"
@@ -9,12 +10,12 @@
 
 #include <asio/io_context.hpp>
 
-#include <catch2/catch.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace hivemesh::test {
@@ -23,9 +24,13 @@ using sim_peer = basic_peer<net::sim::transport>;
 
 struct sim_peers {
     explicit sim_peers(std::uint64_t seed)
-        : network(io, seed) {}
+        : network(io, seed) {
+        using namespace std::chrono_literals;
+        dht_options.maintenance_period = 0s; // nothing in the background the tests do not ask for
+    }
 
-    /// A new peer, bootstrapped from the first (REQUIREd to succeed within a virtual minute).
+    /// A new peer, bootstrapped from the first. Throws std::runtime_error unless bootstrapping
+    /// succeeds, with nothing to report, within a virtual minute.
     sim_peer& add_peer(bool client_mode = false) {
         using namespace std::chrono_literals;
         const auto node = network.add_node();
@@ -33,18 +38,25 @@ struct sim_peers {
         o.listen = {"/sim/" + std::to_string(node) + "/port/0"};
         o.client_mode = client_mode;
         if (!peers.empty()) o.initial_peers = {peers.front().addresses().front()};
-        o.dht.maintenance_period = 0s; // nothing in the background the tests do not ask for
+        o.dht = dht_options;
         auto& p = peers.emplace_back(net::sim::transport(network, node), o,
                                      identity_of(static_cast<std::uint8_t>(peers.size() + 1)));
         nodes.push_back(node);
         bool done = false;
-        p.async_bootstrap([&done](std::error_code ec, std::string why) {
-            CHECK_FALSE(ec);
-            CHECK(why.empty());
+        std::error_code error;
+        std::string problem;
+        p.async_bootstrap([&](std::error_code ec, std::string why) {
+            error = ec;
+            problem = std::move(why);
             done = true;
         });
         network.time().run_until([&] { return done; }, 60s);
-        REQUIRE(done);
+        const std::string who = "sim_peers: peer " + std::to_string(peers.size() - 1);
+        if (!done) throw std::runtime_error(who + " did not bootstrap within a virtual minute");
+        if (error || !problem.empty())
+            throw std::runtime_error(who + " bootstrapped with " +
+                                     (error ? error.message() : std::string("no error")) + ": " +
+                                     problem);
         return p;
     }
 
@@ -55,6 +67,8 @@ struct sim_peers {
     }
     void run_for(duration d) { network.time().run_for(d); }
 
+    /// The DHT settings of the peers added from now on.
+    dht::node_options dht_options;
     asio::io_context io;
     net::sim::network network;
     std::deque<sim_peer> peers;
