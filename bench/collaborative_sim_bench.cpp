@@ -1,0 +1,698 @@
+// The collaborative optimizer on a simulated swarm (issue 19): N peers (hivemesh::basic_peer on
+// one net::sim network: links of 10 ms, unlimited bandwidth, virtual clock, deterministic by
+// seed) train one raw model in gradient mode for a number of epochs, each peer at its own
+// speed, and the program measures what the swarm loses and how long an epoch takes to end.
+//
+// Workload. Peer i computes a batch of --batch samples every interval_i, the intervals spread
+// geometrically from --min-interval to --max-interval (defaults 100 ms and 1 s: a 10x spread of
+// samples/s), then calls async_step() and waits for it. Its model is one parameter of
+// --elements floats with the quadratic loss ½‖w − c_i‖² (gradient w − c_i, a target of its own),
+// the local optimizer plain SGD. Every peer's averager asks for one group of all N peers
+// (averaging.target_group_size = N, no Moshpit key): a round averages the whole swarm.
+// The swarm runs twice from the same seed: with matchmaking scheduled ahead of the estimated
+// end of the epoch (schedule_ahead, the default), and with matchmaking started only when the
+// epoch ended.
+//
+// Figures, per configuration:
+//   lost      samples computed but in no averaged gradient: statistics().samples_discarded
+//             (batches dropped by a state download) plus samples_contributed of the epoch ends
+//             whose gradient round failed or ran alone, over all samples computed; samples
+//             in partial rounds are counted apart (partly averaged).
+//   latency   per epoch e, from the moment the swarm reached the target (the virtual time of
+//             the step at which the sum of the samples reported in e, steps in time order,
+//             reached target_batch_size) to the end of the round (the latest completion of a
+//             step that ended e); median and max over the epochs.
+//   overshoot samples contributed per epoch over target_batch_size (mean).
+// Also the mean group size and outcomes of the gradient rounds, the waiting for a group
+// (statistics().waiting_for_group per peer and epoch) and the virtual and wall time.
+//
+// Cost. With 64 peers most of the CPU goes to checking the Ed25519 signatures of progress
+// records: every tracker read is a DHT lookup (get latest) whose every answering node sends
+// the whole dictionary of N records, each verified again. So the trackers read at most every
+// 2 s (min_refresh; the library's default is 0.5 s) and the DHT caches no value on get
+// (cache_on_get, by default on), which keeps the answering nodes to the replicas: 64 peers
+// over 5 epochs then take 2.5 minutes for both schedules instead of 24 (2 shared cores).
+// With the library's defaults (seed 1) the samples lost, overshoot, latencies and group
+// sizes came out the same, per epoch; only the split of a scheduled round's time between
+// waiting for the group and averaging moved (0.00 + 0.68 s per peer and epoch, against
+// 0.10 + 0.58 s here).
+//
+// Checks (exit status 1 when one fails): every step completes without an error, every peer
+// reaches the last epoch within the virtual time limit, and every sample computed is either
+// contributed at an epoch end or discarded.
+#include "json.hpp"
+#include "statistics.hpp"
+#include "support/sim_peers.hpp"
+
+#include <hivemesh/core/log.hpp>
+#include <hivemesh/net/sim.hpp>
+#include <hivemesh/optim/collaborative.hpp>
+#include <hivemesh/optim/sgd.hpp>
+#include <hivemesh/peer.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/this_coro.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using namespace hivemesh;
+using namespace std::chrono_literals;
+using hivemesh::bench::json_number;
+using hivemesh::bench::json_string;
+using hivemesh::bench::median;
+using sim_optimizer = optim::collaborative_optimizer<net::sim::transport>;
+
+struct options {
+    std::size_t peers = 64;
+    std::uint64_t target = 4096;
+    std::uint64_t epochs = 5;
+    std::uint64_t batch = 2;
+    double min_interval = 0.1; ///< seconds
+    double max_interval = 1.0;
+    std::size_t elements = 4096;
+    double matchmaking_time = 5;
+    double averaging_timeout = 60;
+    std::uint64_t average_state_every = 1;
+    double max_virtual = 1800; ///< seconds per run
+    // Two settings that cost much CPU here and change none of the figures (see the file
+    // comment): the library's defaults are true and 0.5 s.
+    bool cache_on_get = false; ///< dht::node_options::cache_on_get
+    double min_refresh = 2;    ///< progress::tracker_options::min_refresh, seconds
+    std::size_t dht_k = 20;    ///< dht::routing_options::k
+    std::uint64_t seed = 1;
+    std::vector<bool> schedules{true, false};
+    bool verbose = false;
+    std::string json_path;
+};
+
+const char* const usage =
+    "usage: bench_collaborative_sim [--quick] [--peers N] [--target SAMPLES] [--epochs E]\n"
+    "                               [--batch SAMPLES] [--min-interval S] [--max-interval S]\n"
+    "                               [--elements E] [--matchmaking-time S]\n"
+    "                               [--averaging-timeout S] [--average-state-every K]\n"
+    "                               [--schedule ahead,at-end] [--min-refresh S]\n"
+    "                               [--cache-on-get] [--dht-k K] [--max-virtual S]\n"
+    "                               [--seed S] [--verbose] [--json FILE]\n"
+    "Defaults: --peers 64 --target 4096 --epochs 5 --batch 2 --min-interval 0.1\n"
+    "--max-interval 1 (seconds between a peer's batches, spread geometrically over the peers)\n"
+    "--elements 4096 --matchmaking-time 5 --averaging-timeout 60 --average-state-every 1\n"
+    "--schedule ahead,at-end (matchmaking before the estimated end of the epoch, or at it)\n"
+    "--min-refresh 2 (the trackers' least time between reads; the library's default is\n"
+    "0.5) --dht-k 20; DHT values are not cached on get unless --cache-on-get (the library's\n"
+    "default): both settings only save CPU here (see the file comment).\n"
+    "--max-virtual 1800 (virtual seconds a run may take) --seed 1.\n"
+    "--quick: 8 peers, target 256, 2 epochs, 1024 elements (flags given later override).\n"
+    "--verbose: print the library's warnings (failed rounds warn).\n";
+
+std::vector<std::string> split(std::string_view text, char separator) {
+    std::vector<std::string> out;
+    std::size_t begin = 0;
+    while (true) {
+        const auto end = text.find(separator, begin);
+        out.emplace_back(text.substr(begin, end - begin));
+        if (end == std::string_view::npos) return out;
+        begin = end + 1;
+    }
+}
+
+std::uint64_t parse_count(const std::string& text) {
+    std::size_t used = 0;
+    const auto value = std::stoull(text, &used);
+    if (used != text.size() || value == 0) throw std::invalid_argument("bad count: " + text);
+    return value;
+}
+
+double parse_seconds(const std::string& text) {
+    std::size_t used = 0;
+    const double value = std::stod(text, &used);
+    if (used != text.size() || !std::isfinite(value) || value <= 0)
+        throw std::invalid_argument("bad number of seconds: " + text);
+    return value;
+}
+
+options parse(int argc, char** argv) {
+    options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) throw std::invalid_argument(std::string(arg) + " needs a value");
+            return argv[++i];
+        };
+        if (arg == "--quick") {
+            o.peers = 8;
+            o.target = 256;
+            o.epochs = 2;
+            o.elements = 1024;
+        } else if (arg == "--peers") {
+            o.peers = parse_count(value());
+            // sim_peers' identities are identity_of(1..255).
+            if (o.peers < 2 || o.peers > 255) throw std::invalid_argument("--peers must be 2..255");
+        } else if (arg == "--target") {
+            o.target = parse_count(value());
+        } else if (arg == "--epochs") {
+            o.epochs = parse_count(value());
+        } else if (arg == "--batch") {
+            o.batch = parse_count(value());
+        } else if (arg == "--min-interval") {
+            o.min_interval = parse_seconds(value());
+        } else if (arg == "--max-interval") {
+            o.max_interval = parse_seconds(value());
+        } else if (arg == "--elements") {
+            o.elements = parse_count(value());
+        } else if (arg == "--matchmaking-time") {
+            o.matchmaking_time = parse_seconds(value());
+        } else if (arg == "--averaging-timeout") {
+            o.averaging_timeout = parse_seconds(value());
+        } else if (arg == "--average-state-every") {
+            std::size_t used = 0;
+            const std::string text = value();
+            o.average_state_every = std::stoull(text, &used);
+            if (used != text.size()) throw std::invalid_argument("bad count: " + text);
+        } else if (arg == "--schedule") {
+            o.schedules.clear();
+            for (const auto& item : split(value(), ',')) {
+                if (item == "ahead")
+                    o.schedules.push_back(true);
+                else if (item == "at-end")
+                    o.schedules.push_back(false);
+                else
+                    throw std::invalid_argument("unknown schedule: " + item);
+            }
+        } else if (arg == "--dht-k") {
+            o.dht_k = parse_count(value());
+        } else if (arg == "--cache-on-get") {
+            o.cache_on_get = true;
+        } else if (arg == "--min-refresh") {
+            o.min_refresh = parse_seconds(value());
+        } else if (arg == "--max-virtual") {
+            o.max_virtual = parse_seconds(value());
+        } else if (arg == "--seed") {
+            o.seed = std::stoull(value());
+        } else if (arg == "--verbose") {
+            o.verbose = true;
+        } else if (arg == "--json") {
+            o.json_path = value();
+        } else if (arg == "--help" || arg == "-h") {
+            std::fputs(usage, stdout);
+            std::exit(0);
+        } else {
+            throw std::invalid_argument("unknown argument: " + std::string(arg));
+        }
+    }
+    if (o.max_interval < o.min_interval)
+        throw std::invalid_argument("--max-interval must be >= --min-interval");
+    return o;
+}
+
+const char* schedule_name(bool ahead) {
+    return ahead ? "ahead" : "at-end";
+}
+
+double seconds(duration d) {
+    return std::chrono::duration<double>(d).count();
+}
+
+duration from_seconds(double s) {
+    return std::chrono::duration_cast<duration>(std::chrono::duration<double>(s));
+}
+
+/// One peer's model: one parameter with the loss ½‖w − c‖², c its own.
+struct quadratic_model {
+    quadratic_model(std::size_t elements, std::size_t peer)
+        : value(elements, 0.0f)
+        , grad(elements, 0.0f)
+        , target(elements) {
+        for (std::size_t j = 0; j < elements; ++j)
+            target[j] = static_cast<float>(peer + 1) * std::sin(0.01f * static_cast<float>(j));
+    }
+    void compute_gradient() {
+        for (std::size_t j = 0; j < value.size(); ++j)
+            grad[j] = value[j] - target[j];
+    }
+    std::vector<float> value, grad, target;
+};
+
+/// One step as the trainer saw it.
+struct step_record {
+    std::size_t peer = 0;
+    std::uint64_t epoch = 0; ///< the local epoch when the step began
+    std::uint64_t samples = 0;
+    time_point started{}, finished{};
+    bool epoch_ended = false;
+    bool state_loaded = false;
+    optim::round_report averaging;
+    std::uint64_t samples_contributed = 0;
+};
+
+struct trainer {
+    trainer(std::size_t elements, std::size_t peer)
+        : model(elements, peer) {}
+    std::unique_ptr<sim_optimizer> optimizer;
+    quadratic_model model;
+    duration interval{};
+    bool running = false;
+};
+
+struct run_state {
+    std::uint64_t epochs = 0;
+    std::vector<step_record> steps;
+    std::vector<std::string> failures;
+};
+
+asio::awaitable<void> train(run_state* run, trainer* t, std::size_t peer, std::uint64_t batch) {
+    auto executor = co_await asio::this_coro::executor;
+    net::sim::timer timer(executor);
+    while (t->optimizer->local_epoch() < run->epochs) {
+        timer.expires_after(t->interval);
+        co_await timer.async_wait(default_token_t{});
+        t->model.compute_gradient();
+        step_record r;
+        r.peer = peer;
+        r.epoch = t->optimizer->local_epoch();
+        r.samples = batch;
+        r.started = net::transport_now<net::sim::transport>(executor);
+        auto [ec, report] = co_await t->optimizer->async_step(0, default_token_t{});
+        r.finished = net::transport_now<net::sim::transport>(executor);
+        if (ec) {
+            run->failures.push_back("peer " + std::to_string(peer) +
+                                    ": a step failed: " + ec.message());
+            break;
+        }
+        r.epoch_ended = report.epoch_ended;
+        r.state_loaded = report.state_loaded;
+        r.averaging = report.averaging;
+        r.samples_contributed = report.samples_contributed;
+        run->steps.push_back(r);
+    }
+    t->running = false;
+}
+
+/// One epoch of one run.
+struct epoch_record {
+    std::uint64_t epoch = 0;
+    std::optional<double> target_reached; ///< virtual seconds since the trainers started
+    std::optional<double> round_ended;
+    std::size_t peers_ended = 0; ///< peers whose step ended this epoch
+    std::uint64_t samples_contributed = 0;
+    double mean_group_size = 0;
+    std::map<std::string, std::size_t> outcomes; ///< of the gradient rounds
+    double latency() const {
+        return target_reached && round_ended ? *round_ended - *target_reached
+                                             : std::numeric_limits<double>::quiet_NaN();
+    }
+};
+
+struct run_record {
+    bool schedule_ahead = true;
+    std::vector<epoch_record> epochs;
+    std::uint64_t samples = 0;
+    std::uint64_t samples_discarded = 0;
+    std::uint64_t samples_in_failed_rounds = 0; ///< failed or alone
+    std::uint64_t samples_in_partial_rounds = 0;
+    std::uint64_t samples_contributed = 0;
+    optim::optimizer_statistics totals; ///< summed over the peers
+    double mean_waiting_for_group = 0;  ///< seconds per peer and epoch
+    double mean_averaging = 0;          ///< seconds per peer and epoch
+    std::size_t steps = 0;
+    double virtual_seconds = 0;
+    double setup_wall_seconds = 0;
+    double wall_seconds = 0;
+    std::vector<std::string> failures;
+
+    double lost_fraction() const {
+        return samples == 0 ? 0
+                            : static_cast<double>(samples_discarded + samples_in_failed_rounds) /
+                                  static_cast<double>(samples);
+    }
+    std::vector<double> latencies() const {
+        std::vector<double> out;
+        for (const auto& e : epochs)
+            if (!std::isnan(e.latency())) out.push_back(e.latency());
+        return out;
+    }
+};
+
+optim::optimizer_statistics& operator+=(optim::optimizer_statistics& a,
+                                        const optim::optimizer_statistics& b) {
+    a.steps += b.steps;
+    a.epochs += b.epochs;
+    a.samples += b.samples;
+    a.samples_discarded += b.samples_discarded;
+    a.rounds_averaged += b.rounds_averaged;
+    a.rounds_partial += b.rounds_partial;
+    a.rounds_failed += b.rounds_failed;
+    a.rounds_alone += b.rounds_alone;
+    a.state_loads += b.state_loads;
+    a.state_load_failures += b.state_load_failures;
+    a.accumulating += b.accumulating;
+    a.waiting_for_group += b.waiting_for_group;
+    a.averaging += b.averaging;
+    a.optimizer_step += b.optimizer_step;
+    a.state_download += b.state_download;
+    a.bytes_sent += b.bytes_sent;
+    a.bytes_received += b.bytes_received;
+    a.state_bytes_downloaded += b.state_bytes_downloaded;
+    return a;
+}
+
+/// The epochs' figures from the steps (see the file comment).
+std::vector<epoch_record> epochs_of(const options& o, std::vector<step_record> steps,
+                                    time_point start) {
+    std::stable_sort(steps.begin(), steps.end(), [](const step_record& a, const step_record& b) {
+        return a.started < b.started;
+    });
+    std::vector<epoch_record> out(o.epochs);
+    std::vector<std::uint64_t> reported(o.epochs, 0);
+    std::vector<double> group_sizes(o.epochs, 0);
+    for (const auto& s : steps) {
+        if (s.epoch >= o.epochs) continue;
+        auto& e = out[s.epoch];
+        if (!s.state_loaded) {
+            reported[s.epoch] += s.samples;
+            if (!e.target_reached && reported[s.epoch] >= o.target)
+                e.target_reached = seconds(s.started - start);
+        }
+        if (s.epoch_ended) {
+            const double ended = seconds(s.finished - start);
+            e.round_ended = std::max(e.round_ended.value_or(ended), ended);
+            ++e.peers_ended;
+            e.samples_contributed += s.samples_contributed;
+            group_sizes[s.epoch] += static_cast<double>(s.averaging.group_size);
+            ++e.outcomes[std::string(optim::to_string(s.averaging.outcome))];
+        }
+    }
+    for (std::uint64_t k = 0; k < o.epochs; ++k) {
+        out[k].epoch = k;
+        if (out[k].peers_ended > 0)
+            out[k].mean_group_size = group_sizes[k] / static_cast<double>(out[k].peers_ended);
+    }
+    return out;
+}
+
+/// Library warnings so far (a failed round warns).
+std::atomic<std::uint64_t> library_warnings{0};
+
+run_record run_one(const options& o, bool schedule_ahead) {
+    using wall_clock = std::chrono::steady_clock;
+    run_record rec;
+    rec.schedule_ahead = schedule_ahead;
+    const auto setup_start = wall_clock::now();
+
+    test::sim_peers peers(o.seed);
+    peers.dht_options.routing.k = o.dht_k;
+    peers.dht_options.cache_on_get = o.cache_on_get;
+    std::deque<trainer> trainers;
+    run_state run;
+    run.epochs = o.epochs;
+    // Every peer first, then the optimizers: the trackers do not read while peers bootstrap.
+    for (std::size_t i = 0; i < o.peers; ++i)
+        peers.add_peer();
+    for (std::size_t i = 0; i < o.peers; ++i) {
+        auto& p = peers.peers[i];
+        auto& t = trainers.emplace_back(o.elements, i);
+        // Geometric: peer i's samples/s is max_interval/min_interval times peer 0's at most.
+        const double share = o.peers == 1 ? 0 : static_cast<double>(i) / (o.peers - 1);
+        t.interval =
+            from_seconds(o.min_interval * std::pow(o.max_interval / o.min_interval, share));
+        optim::collaborative_options c;
+        c.run_id = "bench";
+        c.target_batch_size = o.target;
+        c.batch_size_per_step = o.batch;
+        c.matchmaking_time = from_seconds(o.matchmaking_time);
+        c.averaging_timeout = from_seconds(o.averaging_timeout);
+        c.schedule_ahead = schedule_ahead;
+        c.average_state_every = o.average_state_every;
+        c.averaging.target_group_size = o.peers;
+        c.tracking.min_refresh = from_seconds(o.min_refresh);
+        optim::sgd_options sgd;
+        sgd.lr = 0.5;
+        t.optimizer = std::make_unique<sim_optimizer>(
+            p, std::vector<optim::parameter>{{t.model.value, t.model.grad}}, optim::sgd(sgd), c);
+    }
+    // Nobody starts alone: every tracker counts every peer first.
+    const bool all_seen = peers.run_until(
+        [&] {
+            return std::all_of(trainers.begin(), trainers.end(), [&](const trainer& t) {
+                return t.optimizer->global_progress().num_peers == o.peers;
+            });
+        },
+        120s);
+    if (!all_seen) rec.failures.push_back("the trackers did not all see every peer in 120 s");
+    rec.setup_wall_seconds = std::chrono::duration<double>(wall_clock::now() - setup_start).count();
+
+    const auto wall_start = wall_clock::now();
+    const time_point start = peers.now();
+    for (std::size_t i = 0; i < trainers.size(); ++i) {
+        trainers[i].running = true;
+        asio::co_spawn(peers.network.get_executor(), train(&run, &trainers[i], i, o.batch),
+                       asio::detached);
+    }
+    const bool finished = peers.run_until(
+        [&] {
+            return std::none_of(trainers.begin(), trainers.end(),
+                                [](const trainer& t) { return t.running; });
+        },
+        from_seconds(o.max_virtual));
+    rec.wall_seconds = std::chrono::duration<double>(wall_clock::now() - wall_start).count();
+    rec.virtual_seconds = seconds(peers.now() - start);
+    if (!finished)
+        rec.failures.push_back("not every peer reached epoch " + std::to_string(o.epochs) +
+                               " within " + json_number(o.max_virtual) + " virtual seconds");
+
+    for (const auto& t : trainers) {
+        const auto s = t.optimizer->statistics();
+        rec.totals += s;
+    }
+    rec.samples = rec.totals.samples;
+    rec.samples_discarded = rec.totals.samples_discarded;
+    for (const auto& s : run.steps) {
+        if (!s.epoch_ended) continue;
+        rec.samples_contributed += s.samples_contributed;
+        switch (s.averaging.outcome) {
+        case optim::round_outcome::failed:
+        case optim::round_outcome::alone:
+            rec.samples_in_failed_rounds += s.samples_contributed;
+            break;
+        case optim::round_outcome::partial:
+            rec.samples_in_partial_rounds += s.samples_contributed;
+            break;
+        default:
+            break;
+        }
+    }
+    if (finished && rec.samples_contributed + rec.samples_discarded != rec.samples)
+        rec.failures.push_back("samples computed " + std::to_string(rec.samples) +
+                               " != contributed " + std::to_string(rec.samples_contributed) +
+                               " + discarded " + std::to_string(rec.samples_discarded));
+    const double peer_epochs = static_cast<double>(std::max<std::uint64_t>(rec.totals.epochs, 1));
+    rec.mean_waiting_for_group = seconds(rec.totals.waiting_for_group) / peer_epochs;
+    rec.mean_averaging = seconds(rec.totals.averaging) / peer_epochs;
+    rec.steps = run.steps.size();
+    rec.epochs = epochs_of(o, run.steps, start);
+    for (auto& f : run.failures)
+        rec.failures.push_back(std::move(f));
+
+    // Withdraw the records before the peers go, as the tests do.
+    for (auto& t : trainers)
+        t.optimizer->close();
+    peers.run_for(1s);
+    for (auto& t : trainers)
+        t.optimizer.reset();
+    return rec;
+}
+
+std::string outcomes_text(const std::map<std::string, std::size_t>& outcomes) {
+    std::string out;
+    for (const auto& [name, count] : outcomes)
+        out += (out.empty() ? "" : " ") + name + ":" + std::to_string(count);
+    return out;
+}
+
+void write_json(const options& o, const std::vector<run_record>& runs, const std::string& path) {
+    std::ofstream out(path);
+    out << "{\n  \"benchmark\": \"collaborative_sim\",\n  \"peers\": " << o.peers
+        << ",\n  \"target_batch_size\": " << o.target << ",\n  \"epochs\": " << o.epochs
+        << ",\n  \"batch_size_per_step\": " << o.batch
+        << ",\n  \"min_interval_seconds\": " << json_number(o.min_interval)
+        << ",\n  \"max_interval_seconds\": " << json_number(o.max_interval)
+        << ",\n  \"elements\": " << o.elements
+        << ",\n  \"matchmaking_time_seconds\": " << json_number(o.matchmaking_time)
+        << ",\n  \"averaging_timeout_seconds\": " << json_number(o.averaging_timeout)
+        << ",\n  \"average_state_every\": " << o.average_state_every
+        << ",\n  \"target_group_size\": " << o.peers << ",\n  \"seed\": " << o.seed
+        << ",\n  \"network\": " << json_string("net::sim, links of 10 ms, unlimited bandwidth")
+        << ",\n  \"runs\": [";
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+        const auto& r = runs[i];
+        const auto lat = r.latencies();
+        out << (i ? ",\n" : "\n")
+            << "    {\"schedule\": " << json_string(schedule_name(r.schedule_ahead))
+            << ", \"samples\": " << r.samples << ", \"samples_discarded\": " << r.samples_discarded
+            << ", \"samples_in_failed_rounds\": " << r.samples_in_failed_rounds
+            << ", \"samples_in_partial_rounds\": " << r.samples_in_partial_rounds
+            << ", \"lost_fraction\": " << json_number(r.lost_fraction())
+            << ",\n     \"median_latency_seconds\": " << json_number(median(lat))
+            << ", \"max_latency_seconds\": "
+            << json_number(lat.empty() ? std::numeric_limits<double>::quiet_NaN()
+                                       : *std::max_element(lat.begin(), lat.end()))
+            << ", \"rounds_averaged\": " << r.totals.rounds_averaged
+            << ", \"rounds_partial\": " << r.totals.rounds_partial
+            << ", \"rounds_failed\": " << r.totals.rounds_failed
+            << ", \"rounds_alone\": " << r.totals.rounds_alone
+            << ", \"state_loads\": " << r.totals.state_loads
+            << ",\n     \"mean_waiting_for_group_seconds\": "
+            << json_number(r.mean_waiting_for_group)
+            << ", \"mean_averaging_seconds\": " << json_number(r.mean_averaging)
+            << ", \"steps\": " << r.steps
+            << ", \"virtual_seconds\": " << json_number(r.virtual_seconds)
+            << ", \"setup_wall_seconds\": " << json_number(r.setup_wall_seconds)
+            << ", \"wall_seconds\": " << json_number(r.wall_seconds) << ",\n     \"epochs\": [";
+        for (std::size_t k = 0; k < r.epochs.size(); ++k) {
+            const auto& e = r.epochs[k];
+            const auto optional = [](const std::optional<double>& v) {
+                return v ? json_number(*v) : std::string("null");
+            };
+            out << (k ? ",\n" : "\n") << "       {\"epoch\": " << e.epoch
+                << ", \"target_reached_seconds\": " << optional(e.target_reached)
+                << ", \"round_ended_seconds\": " << optional(e.round_ended)
+                << ", \"latency_seconds\": " << json_number(e.latency())
+                << ", \"peers_ended\": " << e.peers_ended
+                << ", \"samples_contributed\": " << e.samples_contributed
+                << ", \"mean_group_size\": " << json_number(e.mean_group_size)
+                << ", \"outcomes\": {";
+            std::size_t n = 0;
+            for (const auto& [name, count] : e.outcomes)
+                out << (n++ ? ", " : "") << json_string(name) << ": " << count;
+            out << "}}";
+        }
+        out << "],\n     \"failures\": [";
+        for (std::size_t k = 0; k < r.failures.size(); ++k)
+            out << (k ? ", " : "") << json_string(r.failures[k]);
+        out << "]}";
+    }
+    out << "\n  ]\n}\n";
+    if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+int run(const options& o) {
+    log::set_sink(
+        [verbose = o.verbose](log::level l, std::string_view component, std::string_view message) {
+            if (l == log::level::warning) ++library_warnings;
+            if (l >= log::level::error || verbose)
+                std::fprintf(stderr, "[hivemesh %s] %.*s: %.*s\n", log::to_string(l),
+                             static_cast<int>(component.size()), component.data(),
+                             static_cast<int>(message.size()), message.data());
+        });
+    std::fprintf(stderr,
+                 "bench_collaborative_sim: %zu peers, target %llu, %llu epochs, %llu samples "
+                 "per batch every %g..%g s, %zu float32, seed %llu\n",
+                 o.peers, static_cast<unsigned long long>(o.target),
+                 static_cast<unsigned long long>(o.epochs),
+                 static_cast<unsigned long long>(o.batch), o.min_interval, o.max_interval,
+                 o.elements, static_cast<unsigned long long>(o.seed));
+    const auto wall_start = std::chrono::steady_clock::now();
+    std::vector<run_record> runs;
+    bool any_failure = false;
+    for (const bool ahead : o.schedules) {
+        std::fprintf(stderr, "  schedule %-6s ... ", schedule_name(ahead));
+        runs.push_back(run_one(o, ahead));
+        const auto& r = runs.back();
+        std::fprintf(stderr, "%.1f virtual s, wall %.1f s (set-up %.1f s)\n", r.virtual_seconds,
+                     r.wall_seconds, r.setup_wall_seconds);
+        for (const auto& f : r.failures)
+            std::fprintf(stderr, "    FAILED: %s\n", f.c_str());
+        any_failure = any_failure || !r.failures.empty();
+    }
+    const double wall_total =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+
+    std::printf("\nCollaborative optimizer on the simulated network (links of 10 ms, unlimited "
+                "bandwidth): %zu peers in gradient mode, one group of all of them, target_batch_"
+                "size %llu, %llu epochs; peer i computes %llu samples every %g..%g s "
+                "(geometric spread), %zu float32, plain SGD; matchmaking_time %g s, "
+                "average_state_every %llu; seed %llu.\n\n",
+                o.peers, static_cast<unsigned long long>(o.target),
+                static_cast<unsigned long long>(o.epochs), static_cast<unsigned long long>(o.batch),
+                o.min_interval, o.max_interval, o.elements, o.matchmaking_time,
+                static_cast<unsigned long long>(o.average_state_every),
+                static_cast<unsigned long long>(o.seed));
+    std::printf("%-8s %-9s %-9s %-9s %-11s %-11s %-10s %-9s %-8s %-9s %s\n", "schedule", "lost",
+                "partial", "overshoot", "latency med", "latency max", "wait/epoch", "avg/epoch",
+                "group", "virtual s", "wall s");
+    for (const auto& r : runs) {
+        const auto lat = r.latencies();
+        double group = 0, overshoot = 0;
+        for (const auto& e : r.epochs) {
+            group += e.mean_group_size;
+            overshoot += static_cast<double>(e.samples_contributed) / static_cast<double>(o.target);
+        }
+        const auto epochs = static_cast<double>(std::max<std::size_t>(r.epochs.size(), 1));
+        char lost[32], partial[32];
+        std::snprintf(lost, sizeof lost, "%.2f%%", 100 * r.lost_fraction());
+        std::snprintf(partial, sizeof partial, "%.2f%%",
+                      r.samples == 0 ? 0.0
+                                     : 100.0 * static_cast<double>(r.samples_in_partial_rounds) /
+                                           static_cast<double>(r.samples));
+        std::printf("%-8s %-9s %-9s %-9.3f %-11.2f %-11.2f %-10.2f %-9.3f %-8.1f %-9.1f %.1f%s\n",
+                    schedule_name(r.schedule_ahead), lost, partial, overshoot / epochs, median(lat),
+                    lat.empty() ? std::numeric_limits<double>::quiet_NaN()
+                                : *std::max_element(lat.begin(), lat.end()),
+                    r.mean_waiting_for_group, r.mean_averaging, group / epochs, r.virtual_seconds,
+                    r.wall_seconds, r.failures.empty() ? "" : "  FAILED");
+    }
+    std::printf("\nPer epoch (virtual seconds since the trainers started):\n");
+    std::printf("%-8s %-5s %-10s %-10s %-8s %-6s %-8s %s\n", "schedule", "epoch", "target at",
+                "ended at", "latency", "peers", "samples", "gradient rounds");
+    for (const auto& r : runs)
+        for (const auto& e : r.epochs)
+            std::printf("%-8s %-5llu %-10.2f %-10.2f %-8.2f %-6zu %-8llu %s\n",
+                        schedule_name(r.schedule_ahead), static_cast<unsigned long long>(e.epoch),
+                        e.target_reached.value_or(std::numeric_limits<double>::quiet_NaN()),
+                        e.round_ended.value_or(std::numeric_limits<double>::quiet_NaN()),
+                        e.latency(), e.peers_ended,
+                        static_cast<unsigned long long>(e.samples_contributed),
+                        outcomes_text(e.outcomes).c_str());
+    std::printf(
+        "\nlost: samples discarded by state downloads or contributed to a failed or lone "
+        "gradient round, over all samples computed; partial: samples contributed to a partial "
+        "round; overshoot: samples contributed per epoch / target; latency: from the swarm "
+        "reaching the target (the step at which the epoch's reported samples summed to it) "
+        "to the last peer's epoch-ending step completing, median and max over epochs; "
+        "wait/epoch, avg/epoch: statistics().waiting_for_group and averaging per peer and "
+        "epoch (gradient and state rounds); group: mean group size of the gradient rounds.\n");
+    std::printf("Library warnings (--verbose prints them): %llu\n",
+                static_cast<unsigned long long>(library_warnings.load()));
+    std::printf("Wall time: %.1f s\n", wall_total);
+    std::printf("Checks: %s\n", any_failure ? "FAILED (see above)" : "all passed");
+    if (!o.json_path.empty()) write_json(o, runs, o.json_path);
+    return any_failure ? 1 : 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(parse(argc, argv));
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_collaborative_sim: %s\n%s", e.what(), usage);
+        return 2;
+    }
+}
