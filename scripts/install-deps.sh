@@ -7,7 +7,7 @@ packages=(
   build-essential cmake pkg-config ccache clang-14 libclang-rt-14-dev
   libasio-dev libsodium-dev libxxhash-dev libzstd-dev zlib1g-dev
   catch2 libbenchmark-dev libeigen3-dev libtorch-dev
-  dataset-fashion-mnist
+  libcli11-dev nlohmann-json3-dev gnuplot-nox dataset-fashion-mnist
 )
 
 missing=()
