@@ -32,6 +32,8 @@
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 
+#include "program.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -58,23 +60,6 @@ namespace {
 using rpc_node_type = net::node<net::tcp::transport>;
 using dht_node_type = dht::node<net::tcp::transport>;
 
-constexpr const char* usage_text =
-    "usage: dht_node [--listen HOST:PORT] [--bootstrap ADDRESS]... [--identity FILE]\n"
-    "                [--client] [--plaintext] [--ttl SECONDS]\n"
-    "  --listen HOST:PORT   where to listen (default 127.0.0.1:0, an ephemeral port)\n"
-    "  --bootstrap ADDRESS  a node to join, e.g. /ip4/127.0.0.1/tcp/4242/p2p/<PeerId>\n"
-    "  --identity FILE      load the key pair from FILE, creating it if absent\n"
-    "                       (default: a fresh identity)\n"
-    "  --client             ask but serve nothing (no listening socket)\n"
-    "  --plaintext          authenticated but unencrypted connections (all nodes must agree)\n"
-    "  --ttl SECONDS        lifetime of the values this node puts (default 3600)\n"
-    "commands on stdin: put KEY VALUE | put KEY SUBKEY VALUE | get KEY | peers | address |\n"
-    "                   marker | quit\n";
-
-struct usage_error {
-    std::string message;
-};
-
 struct options {
     asio::ip::tcp::endpoint listen{asio::ip::address_v4::loopback(), 0};
     std::vector<rpc_node_type::peer> bootstrap;
@@ -87,7 +72,7 @@ struct options {
 /// "HOST:PORT", with an IPv6 host in brackets: "[::1]:4242".
 asio::ip::tcp::endpoint parse_host_port(std::string_view text) {
     const auto colon = text.rfind(':');
-    if (colon == std::string_view::npos) throw usage_error{"--listen needs HOST:PORT"};
+    if (colon == std::string_view::npos) throw CLI::ValidationError("--listen", "needs HOST:PORT");
     std::string_view host = text.substr(0, colon);
     const std::string_view port_text = text.substr(colon + 1);
     if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
@@ -96,10 +81,10 @@ asio::ip::tcp::endpoint parse_host_port(std::string_view text) {
     const auto [end, ec] =
         std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
     if (ec != std::errc{} || end != port_text.data() + port_text.size() || port > 65535)
-        throw usage_error{"bad port in --listen " + std::string(text)};
+        throw CLI::ValidationError("--listen", "bad port in " + std::string(text));
     std::error_code bad;
     const auto ip = asio::ip::make_address(std::string(host), bad);
-    if (bad) throw usage_error{"bad host in --listen " + std::string(text)};
+    if (bad) throw CLI::ValidationError("--listen", "bad host in " + std::string(text));
     return {ip, static_cast<std::uint16_t>(port)};
 }
 
@@ -107,47 +92,48 @@ rpc_node_type::peer parse_peer(std::string_view text) {
     std::string_view reason;
     const auto address = net::peer_address::parse(text, &reason);
     if (!address)
-        throw usage_error{"bad --bootstrap address \"" + std::string(text) +
-                          "\": " + std::string(reason)};
+        throw CLI::ValidationError("--bootstrap", "bad address \"" + std::string(text) +
+                                                      "\": " + std::string(reason));
     if (!address->peer)
-        throw usage_error{"--bootstrap address without /p2p/<PeerId>: " + std::string(text)};
+        throw CLI::ValidationError("--bootstrap",
+                                   "address without /p2p/<PeerId>: " + std::string(text));
     const auto endpoint = net::tcp::to_endpoint(*address);
-    if (!endpoint) throw usage_error{"--bootstrap address is not ip4 or ip6: " + std::string(text)};
+    if (!endpoint)
+        throw CLI::ValidationError("--bootstrap",
+                                   "address is not ip4 or ip6: " + std::string(text));
     return {*address->peer, *endpoint};
 }
 
 options parse_options(int argc, char** argv) {
+    CLI::App app{"A command-line DHT node: run one in each of two shells and exchange values.",
+                 "dht_node"};
+    app.option_defaults()->always_capture_default();
+    app.footer("Commands on stdin, one answer line each on stdout: put KEY VALUE | put KEY SUBKEY "
+               "VALUE | get KEY | peers | address | marker | quit");
     options out;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view arg = argv[i];
-        const auto value = [&]() -> std::string_view {
-            if (i + 1 >= argc) throw usage_error{std::string(arg) + " needs a value"};
-            return argv[++i];
-        };
-        if (arg == "--listen") {
-            out.listen = parse_host_port(value());
-        } else if (arg == "--bootstrap") {
-            out.bootstrap.push_back(parse_peer(value()));
-        } else if (arg == "--identity") {
-            out.identity_file = std::string(value());
-        } else if (arg == "--client") {
-            out.client = true;
-        } else if (arg == "--plaintext") {
-            out.plaintext = true;
-        } else if (arg == "--ttl") {
-            const auto text = value();
-            long long ttl = 0;
-            const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), ttl);
-            if (ec != std::errc{} || end != text.data() + text.size() || ttl <= 0 ||
-                ttl > 10LL * 365 * 24 * 3600)
-                throw usage_error{"--ttl needs a positive number of seconds (at most 10 years)"};
-            out.ttl_seconds = ttl;
-        } else if (arg == "--help" || arg == "-h") {
-            std::cout << usage_text;
-            std::exit(0);
-        } else {
-            throw usage_error{"unknown argument: " + std::string(arg)};
-        }
+    std::string listen = "127.0.0.1:0";
+    std::vector<std::string> bootstrap;
+    app.add_option("--listen", listen, "where to listen (port 0: an ephemeral port)")
+        ->type_name("HOST:PORT");
+    app.add_option("--bootstrap", bootstrap,
+                   "a node to join, e.g. /ip4/127.0.0.1/tcp/4242/p2p/<PeerId> (repeatable)")
+        ->type_name("ADDRESS");
+    app.add_option("--identity", out.identity_file,
+                   "load the key pair from FILE, creating it if absent (default: a fresh "
+                   "identity)")
+        ->type_name("FILE");
+    app.add_flag("--client", out.client, "ask but serve nothing (no listening socket)");
+    app.add_flag("--plaintext", out.plaintext,
+                 "authenticated but unencrypted connections (all nodes must agree)");
+    app.add_option("--ttl", out.ttl_seconds, "lifetime in seconds of the values this node puts")
+        ->check(CLI::Range(1LL, 10LL * 365 * 24 * 3600));
+    try {
+        app.parse(argc, argv);
+        out.listen = parse_host_port(listen);
+        for (const auto& address : bootstrap)
+            out.bootstrap.push_back(parse_peer(address));
+    } catch (const CLI::ParseError& e) {
+        program::exit_after(app, e);
     }
     return out;
 }
@@ -348,13 +334,7 @@ int run(const options& opts) {
 } // namespace
 
 int main(int argc, char** argv) {
-    options opts;
-    try {
-        opts = parse_options(argc, argv);
-    } catch (const usage_error& e) {
-        std::cerr << "dht_node: " << e.message << '\n' << usage_text;
-        return 2;
-    }
+    const options opts = parse_options(argc, argv);
     try {
         return run(opts);
     } catch (const std::exception& e) {
