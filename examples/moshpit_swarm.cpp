@@ -22,18 +22,18 @@
 #include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
 
+#include "program.hpp"
+
 #include <poll.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <future>
 #include <iostream>
 #include <map>
@@ -62,61 +62,41 @@ struct options {
     std::optional<std::size_t> rank;
 };
 
-const char* usage = "usage: moshpit_swarm [--peers N] [--group G] [--rounds R] [--elements V]\n"
-                    "                     [--codec none|float16|blockwise_8bit] [--plaintext]\n"
-                    "                     [--base-port P] [--json FILE] [--check]\n";
-
-std::size_t number(std::string_view text, const char* what) {
-    std::size_t value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (ec != std::errc{} || end != text.data() + text.size())
-        throw std::invalid_argument(std::string("bad number for ") + what + ": " +
-                                    std::string(text));
-    return value;
-}
-
 options parse(int argc, char** argv) {
+    CLI::App app{"A local Moshpit swarm: N OS processes on loopback TCP find each other through "
+                 "the DHT, form groups by their Moshpit keys and average a tensor round after "
+                 "round.",
+                 "moshpit_swarm"};
+    app.option_defaults()->always_capture_default();
     options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view arg = argv[i];
-        auto value = [&]() -> std::string_view {
-            if (i + 1 >= argc) throw std::invalid_argument(std::string(arg) + " needs a value");
-            return argv[++i];
-        };
-        if (arg == "--peers")
-            o.peers = number(value(), "--peers");
-        else if (arg == "--group")
-            o.group = number(value(), "--group");
-        else if (arg == "--rounds")
-            o.rounds = number(value(), "--rounds");
-        else if (arg == "--elements")
-            o.elements = number(value(), "--elements");
-        else if (arg == "--base-port")
-            o.base_port = static_cast<unsigned>(number(value(), "--base-port"));
-        else if (arg == "--rank")
-            o.rank = number(value(), "--rank");
-        else if (arg == "--json")
-            o.json = value();
-        else if (arg == "--plaintext")
-            o.plaintext = true;
-        else if (arg == "--check")
-            o.check = true;
-        else if (arg == "--codec") {
-            const auto name = value();
-            bool known = false;
-            for (auto k : compression::all_kinds)
-                if (compression::to_string(k) == name) {
-                    o.codec = k;
-                    known = true;
-                }
-            if (!known) throw std::invalid_argument("unknown codec " + std::string(name));
-        } else {
-            throw std::invalid_argument("unknown argument " + std::string(arg));
-        }
+    std::string codec(compression::to_string(o.codec));
+    std::vector<std::string> codecs;
+    for (const auto k : compression::all_kinds)
+        codecs.emplace_back(compression::to_string(k));
+    app.add_option("--peers", o.peers, "processes, one peer each")->check(CLI::Range(2, 65535));
+    app.add_option("--group", o.group, "target group size")->check(CLI::Range(2, 65535));
+    app.add_option("--rounds", o.rounds, "averaging rounds")->check(program::positive);
+    app.add_option("--elements", o.elements, "float32 per peer")->check(program::positive);
+    app.add_option("--codec", codec, "how the all-reduce compresses its parts")
+        ->check(CLI::IsMember(codecs));
+    app.add_flag("--plaintext", o.plaintext, "authenticated but unencrypted sessions");
+    app.add_option("--base-port", o.base_port, "rank r listens on 127.0.0.1 at this port + r")
+        ->check(CLI::Range(1, 65535));
+    app.add_option("--json", o.json, "also write the rounds as JSON to FILE")->type_name("FILE");
+    app.add_flag("--check", o.check,
+                 "exit 1 unless the last round averaged everything and reached the mean");
+    app.add_option("--rank", o.rank, "internal: run as the peer of this rank")
+        ->check(program::non_negative)
+        ->group("");
+    try {
+        app.parse(argc, argv);
+        o.codec = *compression::parse_kind(codec);
+        if (o.group > o.peers) throw CLI::ValidationError("--group", "at most --peers");
+        if (o.base_port + o.peers > 65535)
+            throw CLI::ValidationError("--base-port", "too high for --peers");
+    } catch (const CLI::ParseError& e) {
+        program::exit_after(app, e);
     }
-    if (o.peers < 2 || o.group < 2 || o.group > o.peers || o.rounds < 1 || o.elements < 1)
-        throw std::invalid_argument("need 2 <= group <= peers, rounds >= 1, elements >= 1");
-    if (o.base_port + o.peers > 65535) throw std::invalid_argument("--base-port too high");
     return o;
 }
 
@@ -323,10 +303,10 @@ int run_swarm(const options& o, const char* self) {
     std::size_t released = 0;               ///< rounds started
     std::printf("%5s %7s %10s %10s %10s %14s %9s\n", "round", "groups", "slowest s", "sent MB",
                 "MB/s", "rms from mean", "averaged");
-    std::ostringstream json;
-    json << "{\"peers\":" << o.peers << ",\"group\":" << o.group << ",\"elements\":" << o.elements
-         << ",\"codec\":\"" << compression::to_string(o.codec)
-         << "\",\"encrypted\":" << (o.plaintext ? "false" : "true") << ",\"rounds\":[";
+    nlohmann::ordered_json report = {
+        {"peers", o.peers},          {"group", o.group},
+        {"elements", o.elements},    {"codec", compression::to_string(o.codec)},
+        {"encrypted", !o.plaintext}, {"rounds", nlohmann::ordered_json::array()}};
     while (open > 0) {
         std::vector<pollfd> polled;
         for (int fd : pipes)
@@ -399,9 +379,11 @@ int run_swarm(const options& o, const char* self) {
                         ok ? 100.0 * r.fraction / static_cast<double>(ok) : 0.0,
                         r.failures ? "  (some peers failed)" : "");
             std::fflush(stdout);
-            json << (printed > 1 ? "," : "") << "{\"round\":" << printed
-                 << ",\"slowest_seconds\":" << r.slowest << ",\"bytes_sent\":" << r.sent
-                 << ",\"rms_from_mean\":" << rms << ",\"failures\":" << r.failures << "}";
+            report["rounds"].push_back({{"round", printed},
+                                        {"slowest_seconds", r.slowest},
+                                        {"bytes_sent", r.sent},
+                                        {"rms_from_mean", rms},
+                                        {"failures", r.failures}});
         }
     }
     for (int fd : gos)
@@ -410,8 +392,7 @@ int run_swarm(const options& o, const char* self) {
     for (pid_t pid : children)
         if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
             ++failed;
-    json << "]}";
-    if (!o.json.empty()) std::ofstream(o.json) << json.str() << '\n';
+    if (!o.json.empty()) program::write_json(o.json, report);
     const double start_rms = std::sqrt((static_cast<double>(o.peers) * o.peers - 1) / 12.0);
     std::cout << "rms from the mean before averaging: " << start_rms << "; "
               << (failed ? std::to_string(failed) + " peer processes failed" : "all peers finished")
@@ -430,9 +411,6 @@ int main(int argc, char** argv) {
         const auto o = parse(argc, argv);
         if (o.rank) return run_peer(o);
         return run_swarm(o, "/proc/self/exe");
-    } catch (const std::invalid_argument& e) {
-        std::cerr << "moshpit_swarm: " << e.what() << '\n' << usage;
-        return 2;
     } catch (const std::exception& e) {
         std::cerr << "moshpit_swarm: " << e.what() << '\n';
         return 1;
