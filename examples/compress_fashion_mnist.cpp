@@ -9,27 +9,24 @@
 //              images for one SGD epoch: the kind of tensor the averaging layer sends.
 // Plus zstd (the byte-payload compressor) on the raw label and pixel bytes.
 #include "idx.hpp"
+#include "program.hpp"
 
 #include <hivemesh/compression.hpp>
 #include <hivemesh/core.hpp>
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace {
@@ -38,12 +35,6 @@ namespace hc = hivemesh::compression;
 namespace hx = hivemesh::examples;
 
 constexpr const char* program = "compress_fashion_mnist";
-constexpr const char* usage =
-    "usage: compress_fashion_mnist [--data DIR] [--images N] [--json FILE]\n"
-    "  --data DIR    directory with train-images-idx3-ubyte[.gz] and\n"
-    "                train-labels-idx1-ubyte[.gz] (default /usr/share/datasets/fashion-mnist)\n"
-    "  --images N    use the first N training images (default: all)\n"
-    "  --json FILE   also write the results as JSON to FILE\n";
 
 // Fashion-MNIST's pixel mean and standard deviation on [0, 1].
 constexpr float pixel_mean = 0.2860f;
@@ -53,55 +44,28 @@ constexpr std::size_t batch_size = 100;
 constexpr double learning_rate = 0.01;
 constexpr int zstd_level = 3;
 
-class usage_error : public std::runtime_error {
-public:
-    using std::runtime_error::runtime_error;
-};
-
 struct arguments {
-    std::filesystem::path data = "/usr/share/datasets/fashion-mnist";
+    std::string data = "/usr/share/datasets/fashion-mnist";
     std::optional<std::size_t> images;
-    std::optional<std::filesystem::path> json;
-    bool help = false;
+    std::string json;
 };
-
-std::size_t parse_count(std::string_view text) {
-    std::size_t value = 0;
-    const char* end = text.data() + text.size();
-    const auto [stop, ec] = std::from_chars(text.data(), end, value);
-    if (ec != std::errc{} || stop != end || value == 0)
-        throw usage_error("--images needs a positive whole number, not '" + std::string(text) +
-                          "'");
-    return value;
-}
 
 arguments parse_arguments(int argc, char** argv) {
+    CLI::App app{"Every tensor codec on real Fashion-MNIST data: size, error and throughput.",
+                 program};
+    app.option_defaults()->always_capture_default();
     arguments args;
-    for (int i = 1; i < argc; ++i) {
-        std::string_view option = argv[i];
-        if (option == "-h" || option == "--help") {
-            args.help = true;
-            continue;
-        }
-        std::optional<std::string_view> value;
-        if (const auto equals = option.find('=');
-            option.starts_with("--") && equals != option.npos) {
-            value = option.substr(equals + 1); // --option=value
-            option = option.substr(0, equals);
-        }
-        if (option != "--data" && option != "--images" && option != "--json")
-            throw usage_error("unknown argument '" + std::string(argv[i]) + "'");
-        if (!value) {
-            if (i + 1 >= argc) throw usage_error(std::string(option) + " needs a value");
-            value = argv[++i];
-        }
-        if (value->empty()) throw usage_error(std::string(option) + " needs a non-empty value");
-        if (option == "--data")
-            args.data = *value;
-        else if (option == "--images")
-            args.images = parse_count(*value);
-        else
-            args.json = *value;
+    app.add_option("--data", args.data,
+                   "directory with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz]")
+        ->type_name("DIR");
+    app.add_option("--images", args.images, "use the first N training images (default: all)")
+        ->check(hivemesh::program::positive);
+    app.add_option("--json", args.json, "also write the results as JSON to FILE")
+        ->type_name("FILE");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        hivemesh::program::exit_after(app, e);
     }
     return args;
 }
@@ -328,12 +292,6 @@ tensor_report measure_tensor(const tensor& t) {
 
 // ---------------------------------------------------------------- output
 
-std::string format(const char* pattern, double value) {
-    char text[64];
-    std::snprintf(text, sizeof text, pattern, value);
-    return text;
-}
-
 void print_tensor_table(const tensor_report& report) {
     const tensor& t = *report.source;
     std::printf("\n%s: %zu float32 values (%.2f MB), %s\n", t.name.c_str(), t.values.size(),
@@ -357,90 +315,59 @@ void print_bytes_table(const std::vector<result>& rows) {
                     r.compressed_bytes, r.ratio, r.compress_gbps, r.decompress_gbps);
 }
 
-std::string json_string(std::string_view text) {
-    std::string out = "\"";
-    for (const char c : text) {
-        if (c == '"' || c == '\\') {
-            out += '\\';
-            out += c;
-        } else if (static_cast<unsigned char>(c) < 0x20) {
-            char escaped[8];
-            std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
-            out += escaped;
-        } else {
-            out += c;
-        }
+nlohmann::ordered_json result_json(const result& r, bool lossy_fields) {
+    nlohmann::ordered_json out = {{"codec", r.codec},
+                                  {"input_bytes", r.input_bytes},
+                                  {"compressed_bytes", r.compressed_bytes},
+                                  {"ratio", r.ratio}};
+    if (lossy_fields) {
+        out["relative_l2_error"] = r.relative_l2_error;
+        out["max_abs_error"] = r.max_abs_error;
+        out["mse"] = r.mse;
     }
-    return out + "\"";
+    out["compress_gb_per_s"] = r.compress_gbps;
+    out["decompress_gb_per_s"] = r.decompress_gbps;
+    return out;
 }
 
-/// JSON has no infinity or NaN: those become null.
-std::string json_number(double value) {
-    return std::isfinite(value) ? format("%.10g", value) : "null";
-}
-
-void write_result_json(std::ostringstream& out, const result& r, bool lossy_fields) {
-    out << "{\"codec\": " << json_string(r.codec) << ", \"input_bytes\": " << r.input_bytes
-        << ", \"compressed_bytes\": " << r.compressed_bytes
-        << ", \"ratio\": " << json_number(r.ratio);
-    if (lossy_fields)
-        out << ", \"relative_l2_error\": " << json_number(r.relative_l2_error)
-            << ", \"max_abs_error\": " << json_number(r.max_abs_error)
-            << ", \"mse\": " << json_number(r.mse);
-    out << ", \"compress_gb_per_s\": " << json_number(r.compress_gbps)
-        << ", \"decompress_gb_per_s\": " << json_number(r.decompress_gbps) << "}";
-}
-
-std::string json_report(const hx::labelled_images& data, const training_summary& training,
-                        const std::vector<tensor_report>& tensors,
-                        const std::vector<result>& byte_rows) {
-    std::ostringstream out;
-    out << "{\n  \"dataset\": {\"image_file\": " << json_string(data.image_file.string())
-        << ", \"label_file\": " << json_string(data.label_file.string())
-        << ", \"images\": " << data.count << ", \"rows\": " << data.rows
-        << ", \"cols\": " << data.cols << "},\n";
-    out << "  \"throughput\": {\"unit\": \"1e9 bytes of input per second, wall clock\", "
-           "\"threads\": 1},\n";
-    out << "  \"training\": {\"model\": \"softmax regression\", \"batch_size\": " << batch_size
-        << ", \"learning_rate\": " << json_number(learning_rate)
-        << ", \"batches\": " << training.batches
-        << ", \"accuracy\": " << json_number(training.accuracy)
-        << ", \"mean_loss\": " << json_number(training.mean_loss) << "},\n";
-    out << "  \"tensors\": [";
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-        const tensor& t = *tensors[i].source;
-        out << (i ? ",\n" : "\n") << "    {\"name\": " << json_string(t.name)
-            << ", \"description\": " << json_string(t.description)
-            << ", \"elements\": " << t.values.size() << ", \"meanstd_row_length\": " << t.row_length
-            << ", \"codecs\": [";
-        for (std::size_t j = 0; j < tensors[i].rows.size(); ++j) {
-            out << (j ? ",\n" : "\n") << "      ";
-            write_result_json(out, tensors[i].rows[j], true);
-        }
-        out << "\n    ]}";
+nlohmann::ordered_json json_report(const hx::labelled_images& data,
+                                   const training_summary& training,
+                                   const std::vector<tensor_report>& tensors,
+                                   const std::vector<result>& byte_rows) {
+    nlohmann::ordered_json out;
+    out["dataset"] = {{"image_file", data.image_file.string()},
+                      {"label_file", data.label_file.string()},
+                      {"images", data.count},
+                      {"rows", data.rows},
+                      {"cols", data.cols}};
+    out["throughput"] = {{"unit", "1e9 bytes of input per second, wall clock"}, {"threads", 1}};
+    out["training"] = {{"model", "softmax regression"},  {"batch_size", batch_size},
+                       {"learning_rate", learning_rate}, {"batches", training.batches},
+                       {"accuracy", training.accuracy},  {"mean_loss", training.mean_loss}};
+    auto& tensors_json = out["tensors"] = nlohmann::ordered_json::array();
+    for (const tensor_report& report : tensors) {
+        const tensor& t = *report.source;
+        nlohmann::ordered_json codecs = nlohmann::ordered_json::array();
+        for (const result& r : report.rows)
+            codecs.push_back(result_json(r, true));
+        tensors_json.push_back({{"name", t.name},
+                                {"description", t.description},
+                                {"elements", t.values.size()},
+                                {"meanstd_row_length", t.row_length},
+                                {"codecs", std::move(codecs)}});
     }
-    out << "\n  ],\n  \"zstd_raw_bytes\": {\"level\": " << zstd_level << ", \"payloads\": [";
-    for (std::size_t j = 0; j < byte_rows.size(); ++j) {
-        out << (j ? ",\n" : "\n") << "    ";
-        write_result_json(out, byte_rows[j], false);
-    }
-    out << "\n  ]}\n}\n";
-    return out.str();
+    nlohmann::ordered_json payloads = nlohmann::ordered_json::array();
+    for (const result& r : byte_rows)
+        payloads.push_back(result_json(r, false));
+    out["zstd_raw_bytes"] = {{"level", zstd_level}, {"payloads", std::move(payloads)}};
+    return out;
 }
 
 int run(const arguments& args) {
-    if (args.help) {
-        std::fputs(usage, stdout);
-        return 0;
-    }
     const hx::labelled_images data = hx::load_mnist_style(args.data, "train", args.images);
-    // Opened before the long measurements so that a bad path fails fast.
-    std::ofstream json_file;
-    if (args.json) {
-        json_file.open(*args.json, std::ios::binary | std::ios::trunc);
-        if (!json_file)
-            throw std::runtime_error("cannot open " + args.json->string() + " for writing");
-    }
+    // Created before the long measurements so that a bad path fails fast.
+    if (!args.json.empty() && !std::ofstream(args.json, std::ios::trunc))
+        throw std::runtime_error("cannot open " + args.json + " for writing");
     std::printf("hivemesh compression on Fashion-MNIST: %zu training images of %zu x %zu\n",
                 data.count, data.rows, data.cols);
     std::printf("  images: %s\n  labels: %s\n", data.image_file.c_str(), data.label_file.c_str());
@@ -473,11 +400,9 @@ int run(const arguments& args) {
     byte_rows.push_back(measure_zstd("pixels", std::as_bytes(std::span(data.pixels)), buffer));
     print_bytes_table(byte_rows);
 
-    if (args.json) {
-        json_file << json_report(data, training, reports, byte_rows);
-        json_file.close();
-        if (!json_file) throw std::runtime_error("cannot write JSON to " + args.json->string());
-        std::printf("\nJSON written to %s\n", args.json->c_str());
+    if (!args.json.empty()) {
+        hivemesh::program::write_json(args.json, json_report(data, training, reports, byte_rows));
+        std::printf("\nJSON written to %s\n", args.json.c_str());
     }
     return 0;
 }
@@ -487,9 +412,6 @@ int run(const arguments& args) {
 int main(int argc, char** argv) {
     try {
         return run(parse_arguments(argc, argv));
-    } catch (const usage_error& e) {
-        std::fprintf(stderr, "%s: %s\n%s", program, e.what(), usage);
-        return 2;
     } catch (const hx::idx_missing_file& e) {
         std::fprintf(stderr,
                      "%s: %s\n  install the Debian package dataset-fashion-mnist, or point "
