@@ -15,7 +15,7 @@
 // A multi-process row starts process 0, then the others bootstrapped to process 0's nodes;
 // every process stores its share of the keys and gets the keys the next process stored.
 #include "dht_swarm.hpp"
-#include "json.hpp"
+#include "program.hpp"
 
 #include <hivemesh/core/clock.hpp>
 #include <hivemesh/core/log.hpp>
@@ -33,7 +33,6 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -226,10 +225,6 @@ private:
 
 // ---- command line -------------------------------------------------------------------------
 
-struct usage_error : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
 struct options {
     std::vector<std::size_t> sizes{100, 200, 1000};
     std::size_t processes = 4;
@@ -244,99 +239,60 @@ struct options {
     std::optional<std::string> host_system; ///< set in a child: which nodes to host
 };
 
-constexpr const char* usage_text =
-    "usage: bench_dht_swarm [--sizes N,N,...|none] [--processes P] [--nodes-per-process N]\n"
-    "                       [--ops N] [--concurrency N] [--value-size BYTES] [--threads T]\n"
-    "                       [--plaintext] [--max-connections N] [--opendht-max-nodes N]\n"
-    "                       [--no-opendht] [--seed S] [--json FILE] [--require-success]\n"
-    "  --sizes              single-process swarm sizes (default 100,200,1000)\n"
-    "  --processes P        also a row of P processes x --nodes-per-process nodes\n"
-    "                       (default 4 x 50; 0 for none)\n"
-    "  --ops N              stores, then as many gets, of distinct keys (default 1000)\n"
-    "  --concurrency N      operations in flight, over all processes (default 16)\n"
-    "  --value-size BYTES   size of each value (default 64)\n"
-    "  --threads T          hivemesh io threads per process, one io_context each (default\n"
-    "                       2: at 1000 nodes 1.4-1.7x the throughput of 1; equal at 200)\n"
-    "  --plaintext          hivemesh sessions authenticated but unencrypted\n"
-    "  --max-connections N  hivemesh per-node connection cap, 0 for none (default: 3/4 of\n"
-    "                       the descriptor limit over the nodes of a process; none if\n"
-    "                       that is 256 or more)\n"
-    "  --opendht-max-nodes  largest OpenDHT swarm per process (default 400: OpenDHT uses\n"
-    "                       select(), which aborts past FD_SETSIZE descriptors)\n"
-    "  --no-opendht         hivemesh only\n"
-    "  --json FILE          also write the rows as JSON\n"
-    "  --require-success    exit 1 unless every hivemesh store and get succeeded\n"
-    "  --child-timeout S    a process hosting nodes is killed after S seconds\n"
-    "                       (default 120 + 0.6 per node it hosts)\n";
-
-std::size_t parse_count(std::string_view flag, std::string_view text) {
-    std::size_t v = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (ec != std::errc{} || end != text.data() + text.size())
-        throw usage_error(std::string(flag) + ": not a number: " + std::string(text));
-    return v;
-}
-
 options parse_options(int argc, char** argv) {
+    CLI::App app{"DHT swarm benchmark: hivemesh DHT nodes (and OpenDHT's, when built) on "
+                 "loopback TCP; store and get latency, throughput, success and memory.",
+                 "bench_dht_swarm"};
+    app.option_defaults()->always_capture_default();
     options o;
-    bool auto_connections = true;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view arg = argv[i];
-        const auto value = [&]() -> std::string_view {
-            if (i + 1 >= argc) throw usage_error(std::string(arg) + " needs a value");
-            return argv[++i];
-        };
-        const auto count = [&] { return parse_count(arg, value()); };
-        if (arg == "--sizes") {
-            o.sizes.clear();
-            const std::string list(value());
-            if (list == "none") continue;
-            std::stringstream in(list);
-            for (std::string item; std::getline(in, item, ',');)
-                o.sizes.push_back(parse_count(arg, item));
-        } else if (arg == "--processes") {
-            o.processes = count();
-        } else if (arg == "--nodes-per-process") {
-            o.nodes_per_process = count();
-        } else if (arg == "--ops") {
-            o.ops = count();
-        } else if (arg == "--concurrency") {
-            o.host.concurrency = count();
-        } else if (arg == "--value-size") {
-            o.host.value_size = count();
-        } else if (arg == "--threads") {
-            o.host.threads = count();
-        } else if (arg == "--plaintext") {
-            o.host.plaintext = true;
-        } else if (arg == "--max-connections") {
-            o.host.max_connections = count();
-            auto_connections = false;
-        } else if (arg == "--opendht-max-nodes") {
-            o.opendht_max_nodes = count();
-        } else if (arg == "--no-opendht") {
-            o.opendht = false;
-        } else if (arg == "--seed") {
-            o.host.seed = count();
-        } else if (arg == "--json") {
-            o.json = std::string(value());
-        } else if (arg == "--require-success") {
-            o.require_success = true;
-        } else if (arg == "--child-timeout") {
-            o.child_timeout_s = static_cast<unsigned>(count());
-        } else if (arg == "--host") { // internal: this process is a child hosting nodes
-            o.host_system = std::string(value());
-        } else if (arg == "--nodes") {
-            o.host.nodes = count();
-        } else if (arg == "--process-index") {
-            o.host.process_index = count();
-        } else if (arg == "--help" || arg == "-h") {
-            std::cout << usage_text;
-            std::exit(0);
-        } else {
-            throw usage_error("unknown argument " + std::string(arg));
-        }
+    const auto add_count = [&](const std::string& name, auto& value, const std::string& help) {
+        return app.add_option(name, value, help)->check(program::non_negative);
+    };
+    add_count("--sizes", o.sizes, "single-process swarm sizes; none (or 0) for no such row")
+        ->delimiter(',')
+        ->transform(CLI::Transformer({{"none", "0"}}).description(""));
+    add_count("--processes", o.processes,
+              "also a row of P processes x --nodes-per-process nodes; 0 for none");
+    add_count("--nodes-per-process", o.nodes_per_process, "nodes in each process of that row");
+    add_count("--ops", o.ops, "stores, then as many gets, of distinct keys");
+    add_count("--concurrency", o.host.concurrency, "operations in flight, over all processes");
+    add_count("--value-size", o.host.value_size, "size of each value in bytes");
+    add_count("--threads", o.host.threads,
+              "hivemesh io threads per process, one io_context each (at 1000 nodes 2 give "
+              "1.4-1.7x the throughput of 1; equal at 200)");
+    app.add_flag("--plaintext", o.host.plaintext,
+                 "hivemesh sessions authenticated but unencrypted");
+    auto* max_connections =
+        add_count("--max-connections", o.host.max_connections,
+                  "hivemesh per-node connection cap, 0 for none (default: 3/4 of the descriptor "
+                  "limit over the nodes of a process; none if that is 256 or more)")
+            ->default_str("");
+    add_count("--opendht-max-nodes", o.opendht_max_nodes,
+              "largest OpenDHT swarm per process (OpenDHT uses select(), which aborts past "
+              "FD_SETSIZE descriptors)");
+    bool no_opendht = false;
+    app.add_flag("--no-opendht", no_opendht, "hivemesh only");
+    add_count("--seed", o.host.seed, "seed of the workload's keys, values and node choices");
+    app.add_option("--json", o.json, "also write the rows as JSON to FILE")->type_name("FILE");
+    app.add_flag("--require-success", o.require_success,
+                 "exit 1 unless every hivemesh store and get succeeded");
+    add_count("--child-timeout", o.child_timeout_s,
+              "a process hosting nodes is killed after S seconds (0: 120 + 0.6 per node it hosts)");
+    // A child hosting nodes for the parent.
+    app.add_option("--host", o.host_system, "internal: host nodes of this system")
+        ->check(CLI::IsMember({"hivemesh", "opendht"}))
+        ->group("");
+    add_count("--nodes", o.host.nodes, "internal: nodes to host")->group("");
+    add_count("--process-index", o.host.process_index, "internal: this child's index")->group("");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        program::exit_after(app, e);
     }
-    if (auto_connections) o.host.max_connections = std::numeric_limits<std::size_t>::max();
+    std::erase(o.sizes, 0);
+    o.opendht = !no_opendht;
+    if (max_connections->count() == 0)
+        o.host.max_connections = std::numeric_limits<std::size_t>::max();
     return o;
 }
 
@@ -359,7 +315,7 @@ std::unique_ptr<host> make_host(const std::string& system, const host_config& co
 #ifdef HIVEMESH_HAVE_OPENDHT
     if (system == "opendht") return make_opendht_host(config);
 #endif
-    throw usage_error("unknown system " + system);
+    throw std::invalid_argument("unknown system " + system);
 }
 
 int host_main(const options& o, std::size_t descriptor_limit) {
@@ -665,41 +621,41 @@ void print_table(const std::vector<row>& rows) {
 }
 
 void write_json(const std::string& path, const options& o, const std::vector<row>& rows) {
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    if (!f) throw std::runtime_error("cannot write " + path);
-    std::fprintf(f,
-                 "{\n  \"benchmark\": \"dht_swarm\",\n  \"transport\": \"tcp loopback\",\n"
-                 "  \"ops\": %zu,\n  \"concurrency\": %zu,\n  \"value_size\": %zu,\n"
-                 "  \"hivemesh_threads\": %zu,\n  \"hivemesh_encrypted\": %s,\n  \"rows\": [",
-                 o.ops, o.host.concurrency, o.host.value_size, o.host.threads,
-                 o.host.plaintext ? "false" : "true");
-    const auto phase = [&](const char* name, const phase_row& p) {
-        std::fprintf(f,
-                     ",\n     \"%s\": {\"attempted\": %zu, \"succeeded\": %zu, \"success_rate\": "
-                     "%.4f, \"seconds\": %.4f, \"ops_per_second\": %.1f, \"p50_ms\": %.3f, "
-                     "\"p99_ms\": %.3f, \"requests_per_op\": %.2f}",
-                     name, p.attempted, p.succeeded, p.success() / 100, p.seconds,
-                     p.ops_per_second(), p.p50, p.p99, p.requests_per_op());
+    nlohmann::ordered_json report = {{"benchmark", "dht_swarm"},
+                                     {"transport", "tcp loopback"},
+                                     {"ops", o.ops},
+                                     {"concurrency", o.host.concurrency},
+                                     {"value_size", o.host.value_size},
+                                     {"hivemesh_threads", o.host.threads},
+                                     {"hivemesh_encrypted", !o.host.plaintext},
+                                     {"rows", nlohmann::ordered_json::array()}};
+    const auto phase = [](const phase_row& p) {
+        return nlohmann::ordered_json{{"attempted", p.attempted},
+                                      {"succeeded", p.succeeded},
+                                      {"success_rate", p.success() / 100},
+                                      {"seconds", p.seconds},
+                                      {"ops_per_second", p.ops_per_second()},
+                                      {"p50_ms", p.p50},
+                                      {"p99_ms", p.p99},
+                                      {"requests_per_op", p.requests_per_op()}};
     };
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-        const auto& r = rows[i];
-        std::fprintf(f,
-                     "%s\n    {\"system\": %s, \"nodes\": %zu, \"processes\": %zu, \"ran\": %s, "
-                     "\"note\": %s",
-                     i ? "," : "", json_string(r.system).c_str(), r.nodes, r.processes,
-                     r.ran ? "true" : "false", json_string(r.note).c_str());
+    for (const auto& r : rows) {
+        nlohmann::ordered_json j = {{"system", r.system},
+                                    {"nodes", r.nodes},
+                                    {"processes", r.processes},
+                                    {"ran", r.ran},
+                                    {"note", r.note}};
         if (r.ran) {
-            std::fprintf(f,
-                         ",\n     \"setup_seconds\": %.3f, \"bootstrap_failures\": %zu, "
-                         "\"max_connections\": %zu, \"rss_kib_per_node\": %.1f",
-                         r.setup_seconds, r.bootstrap_failures, r.max_connections, r.kib_per_node);
-            phase("store", r.store);
-            phase("get", r.get);
+            j["setup_seconds"] = r.setup_seconds;
+            j["bootstrap_failures"] = r.bootstrap_failures;
+            j["max_connections"] = r.max_connections;
+            j["rss_kib_per_node"] = r.kib_per_node;
+            j["store"] = phase(r.store);
+            j["get"] = phase(r.get);
         }
-        std::fprintf(f, "}");
+        report["rows"].push_back(std::move(j));
     }
-    std::fprintf(f, "\n  ]\n}\n");
-    std::fclose(f);
+    program::write_json(path, report);
 }
 
 int parent_main(const options& o) {
@@ -765,9 +721,6 @@ int main(int argc, char** argv) {
         if (o.host_system) return host_main(o, descriptors);
         std::signal(SIGPIPE, SIG_IGN); // a dead child shows as EOF on its pipe instead
         return parent_main(o);
-    } catch (const usage_error& e) {
-        std::cerr << "bench_dht_swarm: " << e.what() << "\n" << usage_text;
-        return 2;
     } catch (const std::exception& e) {
         std::cerr << "bench_dht_swarm: " << e.what() << "\n";
         return 1;
