@@ -44,7 +44,7 @@
 #include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
 
-#include "json.hpp"
+#include "program.hpp"
 #include "statistics.hpp"
 
 #ifdef HIVEMESH_HAVE_GLOO
@@ -90,10 +90,6 @@ using namespace std::chrono_literals;
 namespace hivemesh::bench::allreduce {
 namespace {
 
-struct usage_error : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
 // ---- options -------------------------------------------------------------------------------
 
 struct options {
@@ -123,120 +119,108 @@ struct options {
     std::uint64_t nonce = 0;
 };
 
-constexpr const char* usage_text =
-    "usage: bench_allreduce [--quick] [--processes 2,4,8] [--elements N] [--warmup W]\n"
-    "                       [--rounds R] [--passes P] [--systems NAME,...] [--json FILE]\n"
-    "                       [--part-size BYTES] [--mux-window BYTES] [--frame-payload BYTES]\n"
-    "                       [--mux-batch BYTES]\n"
-    "                       [--compute-threads T] [--child-timeout SECONDS]\n"
-    "--passes: measure the whole table P times, each cell with fresh processes, the order of\n"
-    "         the systems reversed on every other pass; medians over all P x R rounds (the\n"
-    "         machine's speed drifts, and cells measured minutes apart compare badly)\n"
-    "--compute-threads: hivemesh's pool for compression and reduction per process (default\n"
-    "         1); 0 runs them on the io thread\n"
-    "systems: hivemesh, hivemesh-encrypted, hivemesh-float16, hivemesh-8bit, gloo-ring,\n"
-    "         gloo-hd, mpi (default: all that were built; unbuilt ones are skipped)\n"
-    "--quick: 2 processes, 2^20 elements, 1 warm-up and 2 timed rounds (flags given\n"
-    "         explicitly still win)\n";
+/// One row of the table.
+struct system_spec {
+    std::string name;  ///< for --systems
+    std::string label; ///< for the table
+    std::string child; ///< hivemesh, gloo or mpi
+    std::string mode;  ///< codec, or Gloo's algorithm
+    bool plaintext = true;
+    bool built = true;
+};
 
-std::size_t to_size(std::string_view flag, const std::string& text) {
-    std::size_t used = 0;
-    unsigned long long value = 0;
-    try {
-        value = std::stoull(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used != text.size() || text.empty() || text[0] == '-')
-        throw usage_error(std::string(flag) + ": not a number: " + text);
-    return static_cast<std::size_t>(value);
-}
-
-std::vector<std::string> split(const std::string& text, char separator) {
-    std::vector<std::string> out;
-    std::string item;
-    std::istringstream in(text);
-    while (std::getline(in, item, separator))
-        if (!item.empty()) out.push_back(item);
-    return out;
+std::vector<system_spec> all_systems() {
+#ifdef HIVEMESH_HAVE_GLOO
+    constexpr bool gloo = true;
+#else
+    constexpr bool gloo = false;
+#endif
+#ifdef HIVEMESH_HAVE_MPI
+    constexpr bool mpi = true;
+#else
+    constexpr bool mpi = false;
+#endif
+    return {
+        {"hivemesh", "hivemesh plaintext none", "hivemesh", "none", true, true},
+        {"hivemesh-encrypted", "hivemesh encrypted none", "hivemesh", "none", false, true},
+        {"hivemesh-float16", "hivemesh plaintext float16", "hivemesh", "float16", true, true},
+        {"hivemesh-8bit", "hivemesh plaintext blockwise_8bit", "hivemesh", "blockwise_8bit", true,
+         true},
+        {"gloo-ring", "gloo ring", "gloo", "ring", true, gloo},
+        {"gloo-hd", "gloo halving-doubling", "gloo", "hd", true, gloo},
+        {"mpi", "MPI_Allreduce (Open MPI, TCP)", "mpi", "none", true, mpi},
+    };
 }
 
 options parse(int argc, char** argv) {
+    CLI::App app{"All-reduce benchmark: a float32 vector averaged among OS processes on loopback "
+                 "TCP by hivemesh (and Gloo and MPI when they were built).",
+                 "bench_allreduce"};
+    app.option_defaults()->always_capture_default();
     options o;
-    bool processes_given = false, elements_given = false, rounds_given = false;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view arg = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) throw usage_error(std::string(arg) + " needs a value");
-            return argv[++i];
-        };
-        if (arg == "--quick") {
-            o.quick = true;
-        } else if (arg == "--processes") {
-            o.processes.clear();
-            for (const auto& p : split(value(), ','))
-                o.processes.push_back(to_size(arg, p));
-            processes_given = true;
-        } else if (arg == "--elements") {
-            o.elements = to_size(arg, value());
-            elements_given = true;
-        } else if (arg == "--warmup") {
-            o.warmup = to_size(arg, value());
-        } else if (arg == "--rounds") {
-            o.rounds = to_size(arg, value());
-            rounds_given = true;
-        } else if (arg == "--passes") {
-            o.passes = to_size(arg, value());
-        } else if (arg == "--systems") {
-            o.systems = split(value(), ',');
-        } else if (arg == "--json") {
-            o.json_path = value();
-        } else if (arg == "--part-size") {
-            o.part_size = to_size(arg, value());
-        } else if (arg == "--mux-window") {
-            o.mux_window = to_size(arg, value());
-        } else if (arg == "--frame-payload") {
-            o.frame_payload = to_size(arg, value());
-        } else if (arg == "--mux-batch") {
-            o.mux_batch = to_size(arg, value());
-        } else if (arg == "--compute-threads") {
-            o.compute_threads = static_cast<unsigned>(to_size(arg, value()));
-        } else if (arg == "--child-timeout") {
-            o.child_timeout = static_cast<unsigned>(to_size(arg, value()));
-        } else if (arg == "--child") {
-            o.child = value();
-        } else if (arg == "--rank") {
-            o.rank = to_size(arg, value());
-        } else if (arg == "--size") {
-            o.size = to_size(arg, value());
-        } else if (arg == "--mode") {
-            o.mode = value();
-        } else if (arg == "--plaintext") {
-            o.plaintext = to_size(arg, value()) != 0;
-        } else if (arg == "--dir") {
-            o.dir = value();
-        } else if (arg == "--nonce") {
-            o.nonce = to_size(arg, value());
-        } else if (arg == "--help" || arg == "-h") {
-            std::fputs(usage_text, stdout);
-            std::exit(0);
-        } else {
-            throw usage_error("unknown argument " + std::string(arg));
-        }
+    std::vector<std::string> names;
+    for (const auto& s : all_systems())
+        names.push_back(s.name);
+    const auto add_count = [&](const std::string& name, auto& value, const std::string& help) {
+        return app.add_option(name, value, help)->check(program::non_negative);
+    };
+    app.add_flag("--quick", o.quick,
+                 "2 processes, 2^20 elements, 1 warm-up and 2 timed rounds (flags given "
+                 "explicitly still win)");
+    auto* processes = app.add_option("--processes", o.processes, "process counts, a cell each")
+                          ->delimiter(',')
+                          ->check(program::non_negative);
+    // Gloo and MPI take int counts.
+    auto* elements =
+        app.add_option("--elements", o.elements, "float32 in the vector")
+            ->check(CLI::Range(std::size_t{1},
+                               static_cast<std::size_t>(std::numeric_limits<int>::max())));
+    add_count("--warmup", o.warmup, "untimed rounds first (they also open the connections)");
+    auto* rounds = app.add_option("--rounds", o.rounds, "timed rounds")->check(program::positive);
+    app.add_option("--passes", o.passes,
+                   "measure the whole table P times, each cell with fresh processes, the order of "
+                   "the systems reversed on every other pass; medians over all P x R rounds (the "
+                   "machine's speed drifts, and cells measured minutes apart compare badly)")
+        ->check(program::positive);
+    app.add_option("--systems", o.systems,
+                   "rows to run (default: every one that was built; unbuilt ones are skipped)")
+        ->delimiter(',')
+        ->check(CLI::IsMember(names))
+        ->default_str("");
+    app.add_option("--json", o.json_path, "also write the table as JSON to FILE")
+        ->type_name("FILE");
+    add_count("--part-size", o.part_size, "hivemesh's all-reduce part size in bytes");
+    add_count("--mux-window", o.mux_window, "hivemesh's mux window in bytes (0: the default)");
+    add_count("--frame-payload", o.frame_payload,
+              "hivemesh's largest frame payload in bytes (0: the default)");
+    add_count("--mux-batch", o.mux_batch, "hivemesh's mux batch in bytes (0: the default)");
+    add_count("--compute-threads", o.compute_threads,
+              "hivemesh's pool for compression and reduction per process; 0 runs them on the "
+              "io thread");
+    add_count("--child-timeout", o.child_timeout, "seconds a child process may live");
+    // A child process of a cell (started by the driver, or by mpirun).
+    app.add_option("--child", o.child, "internal: run as a child of this kind")
+        ->check(CLI::IsMember({"hivemesh", "gloo", "mpi"}))
+        ->group("");
+    add_count("--rank", o.rank, "internal: the child's rank")->group("");
+    add_count("--size", o.size, "internal: the processes of the cell")->group("");
+    app.add_option("--mode", o.mode, "internal: codec, or Gloo's algorithm")->group("");
+    app.add_option("--plaintext", o.plaintext, "internal: 1 for plaintext sessions")->group("");
+    app.add_option("--dir", o.dir, "internal: the cell's directory")->group("");
+    add_count("--nonce", o.nonce, "internal: the cell's group id")->group("");
+    try {
+        app.parse(argc, argv);
+        for (const auto n : o.processes)
+            if (n < 2) throw CLI::ValidationError("--processes", "at least 2 each");
+        if (o.part_size < sizeof(float)) throw CLI::ValidationError("--part-size", "at least 4");
+    } catch (const CLI::ParseError& e) {
+        program::exit_after(app, e);
     }
     if (o.quick) {
-        if (!processes_given) o.processes = {2};
-        if (!elements_given) o.elements = std::size_t{1} << 20;
-        if (!rounds_given) o.rounds = 2;
+        if (!processes->count()) o.processes = {2};
+        if (!elements->count()) o.elements = std::size_t{1} << 20;
+        if (!rounds->count()) o.rounds = 2;
     }
-    if (o.rounds == 0) throw usage_error("--rounds: at least 1");
-    if (o.passes == 0) throw usage_error("--passes: at least 1");
-    if (o.part_size < sizeof(float)) throw usage_error("--part-size: at least 4");
-    for (const auto n : o.processes)
-        if (n < 2) throw usage_error("--processes: at least 2 each");
-    // Gloo and MPI take int counts.
-    if (o.elements == 0 || o.elements > static_cast<std::size_t>(std::numeric_limits<int>::max()))
-        throw usage_error("--elements: 1 .. 2^31-1");
     return o;
 }
 
@@ -414,7 +398,7 @@ void scale(std::span<float> values, std::size_t n) {
 compression::kind codec_of(const std::string& name) {
     for (const auto k : compression::all_kinds)
         if (compression::to_string(k) == name) return k;
-    throw usage_error("unknown codec " + name);
+    throw std::invalid_argument("unknown codec " + name);
 }
 
 /// V split into n spans as evenly as possible, the remainder to the first ones.
@@ -564,7 +548,7 @@ int gloo_child(const options& o) {
         algorithm =
             std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context, pointers, count);
     else
-        throw usage_error("unknown Gloo algorithm " + o.mode);
+        throw std::invalid_argument("unknown Gloo algorithm " + o.mode);
 
     run_rounds(
         o, tensor, "none", record, [&](std::size_t number) { link.barrier(number); },
@@ -624,7 +608,7 @@ int child_main(const options& o) {
 #ifdef HIVEMESH_HAVE_MPI
         if (o.child == "mpi") return mpi_child(o);
 #endif
-        throw usage_error("unknown child " + o.child);
+        throw std::invalid_argument("unknown child " + o.child);
     } catch (const std::exception& e) {
         std::string text = e.what();
         std::replace(text.begin(), text.end(), '\n', ' ');
@@ -637,39 +621,6 @@ int child_main(const options& o) {
 }
 
 // ---- the driver --------------------------------------------------------------------------------
-
-/// One row of the table.
-struct system_spec {
-    std::string name;  ///< for --systems
-    std::string label; ///< for the table
-    std::string child; ///< hivemesh, gloo or mpi
-    std::string mode;  ///< codec, or Gloo's algorithm
-    bool plaintext = true;
-    bool built = true;
-};
-
-std::vector<system_spec> all_systems() {
-#ifdef HIVEMESH_HAVE_GLOO
-    constexpr bool gloo = true;
-#else
-    constexpr bool gloo = false;
-#endif
-#ifdef HIVEMESH_HAVE_MPI
-    constexpr bool mpi = true;
-#else
-    constexpr bool mpi = false;
-#endif
-    return {
-        {"hivemesh", "hivemesh plaintext none", "hivemesh", "none", true, true},
-        {"hivemesh-encrypted", "hivemesh encrypted none", "hivemesh", "none", false, true},
-        {"hivemesh-float16", "hivemesh plaintext float16", "hivemesh", "float16", true, true},
-        {"hivemesh-8bit", "hivemesh plaintext blockwise_8bit", "hivemesh", "blockwise_8bit", true,
-         true},
-        {"gloo-ring", "gloo ring", "gloo", "ring", true, gloo},
-        {"gloo-hd", "gloo halving-doubling", "gloo", "hd", true, gloo},
-        {"mpi", "MPI_Allreduce (Open MPI, TCP)", "mpi", "none", true, mpi},
-    };
-}
 
 /// The outcome of one system at one process count.
 struct cell {
@@ -1041,6 +992,13 @@ struct target {
     std::string detail;
 };
 
+/// `v` to 6 significant digits, for a target's detail.
+std::string short_text(double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.6g", v);
+    return text;
+}
+
 int driver_main(const options& o) {
     std::signal(SIGPIPE, SIG_IGN); // a dead child's pipe is an error code, not our death
     std::vector<system_spec> rows;
@@ -1049,10 +1007,9 @@ int driver_main(const options& o) {
         for (const auto& s : known)
             if (s.built) rows.push_back(s);
     } else {
-        for (const auto& name : o.systems) {
+        for (const auto& name : o.systems) { // parse() took only known names
             const auto it = std::find_if(known.begin(), known.end(),
                                          [&](const system_spec& s) { return s.name == name; });
-            if (it == known.end()) throw usage_error("unknown system " + name);
             if (it->built)
                 rows.push_back(*it);
             else
@@ -1147,8 +1104,8 @@ int driver_main(const options& o) {
         const cell* theirs = find("gloo-hd", 4);
         if (ours && theirs) {
             t.met = ours->median_seconds <= theirs->median_seconds;
-            t.detail = json_number(ours->median_seconds) + " s vs " +
-                       json_number(theirs->median_seconds) + " s";
+            t.detail = short_text(ours->median_seconds) + " s vs " +
+                       short_text(theirs->median_seconds) + " s";
         }
         targets.push_back(t);
     }
@@ -1160,7 +1117,7 @@ int driver_main(const options& o) {
         const cell* packed = find("hivemesh-8bit", n);
         if (plain && packed) {
             t.met = packed->median_seconds * 2 <= plain->median_seconds;
-            t.detail = json_number(plain->median_seconds / packed->median_seconds) + "x";
+            t.detail = short_text(plain->median_seconds / packed->median_seconds) + "x";
         }
         targets.push_back(t);
     }
@@ -1177,7 +1134,7 @@ int driver_main(const options& o) {
                     }
         if (any) {
             t.met = worst <= 1.5;
-            t.detail = "worst " + json_number(worst) + "x";
+            t.detail = "worst " + short_text(worst) + "x";
         }
         targets.push_back(t);
     }
@@ -1191,59 +1148,54 @@ int driver_main(const options& o) {
     std::printf("Correctness: %s\n", any_failure ? "FAILED (see above)" : "every process ok");
 
     if (!o.json_path.empty()) {
-        std::ofstream out(o.json_path);
-        out << "{\n  \"benchmark\": \"allreduce\",\n  \"elements\": " << o.elements
-            << ",\n  \"tensor_bytes\": " << o.elements * sizeof(float)
-            << ",\n  \"warmup_rounds\": " << o.warmup << ",\n  \"timed_rounds\": " << o.rounds
-            << ",\n  \"passes\": " << o.passes << ",\n  \"part_size_bytes\": " << o.part_size
-            << ",\n  \"cores\": " << std::thread::hardware_concurrency()
-            << ",\n  \"load_at_start\": " << json_string(load_at_start)
-            << ",\n  \"load_at_end\": " << json_string(load_at_end)
-            << ",\n  \"round_time\": \"earliest start to latest end over the processes, median "
-               "over timed rounds\",\n  \"bandwidth\": \"algorithm bandwidth: tensor bytes / "
-               "median round time, 1e9 bytes per GB\",\n  \"memory_ratio\": \"max over "
-               "processes of (VmHWM - VmRSS after allocating the tensor) / tensor bytes\",\n"
-            << "  \"cpu\": \"median over timed rounds of the user + system seconds (and context "
-               "switches) of all processes inside the round\",\n"
-            << "  \"results\": [";
-        bool first = true;
+        nlohmann::ordered_json report = {
+            {"benchmark", "allreduce"},
+            {"elements", o.elements},
+            {"tensor_bytes", o.elements * sizeof(float)},
+            {"warmup_rounds", o.warmup},
+            {"timed_rounds", o.rounds},
+            {"passes", o.passes},
+            {"part_size_bytes", o.part_size},
+            {"cores", std::thread::hardware_concurrency()},
+            {"load_at_start", load_at_start},
+            {"load_at_end", load_at_end},
+            {"round_time", "earliest start to latest end over the processes, median over timed "
+                           "rounds"},
+            {"bandwidth", "algorithm bandwidth: tensor bytes / median round time, 1e9 bytes per "
+                          "GB"},
+            {"memory_ratio", "max over processes of (VmHWM - VmRSS after allocating the tensor) / "
+                             "tensor bytes"},
+            {"cpu", "median over timed rounds of the user + system seconds (and context "
+                    "switches) of all processes inside the round"},
+            {"results", nlohmann::ordered_json::array()},
+            {"targets", nlohmann::ordered_json::array()},
+            {"correct", !any_failure}};
         for (std::size_t i = 0; i < rows.size(); ++i)
             for (std::size_t j = 0; j < o.processes.size(); ++j) {
                 const auto& c = cells[i][j];
-                out << (first ? "\n" : ",\n") << "    {\"system\": " << json_string(rows[i].name)
-                    << ", \"label\": " << json_string(rows[i].label)
-                    << ", \"processes\": " << o.processes[j]
-                    << ", \"status\": " << json_string(c.status)
-                    << ", \"correct\": " << (c.status == "ok" && !c.wrong ? "true" : "false")
-                    << ", \"load_before\": " << json_number(c.load_before);
-                first = false;
+                nlohmann::ordered_json result = {{"system", rows[i].name},
+                                                 {"label", rows[i].label},
+                                                 {"processes", o.processes[j]},
+                                                 {"status", c.status},
+                                                 {"correct", c.status == "ok" && !c.wrong},
+                                                 {"load_before", c.load_before}};
                 if (c.status == "ok") {
-                    out << ", \"median_seconds\": " << json_number(c.median_seconds)
-                        << ", \"median_cpu_seconds\": " << json_number(c.median_cpu_seconds)
-                        << ", \"median_context_switches\": " << json_number(c.median_switches)
-                        << ", \"gbytes_per_second\": " << json_number(c.gbytes_per_second)
-                        << ", \"memory_ratio\": " << json_number(c.memory_ratio)
-                        << ", \"max_error\": " << json_number(c.max_error)
-                        << ", \"round_seconds\": [";
-                    for (std::size_t r = 0; r < c.round_seconds.size(); ++r)
-                        out << (r ? ", " : "") << json_number(c.round_seconds[r]);
-                    out << "]";
+                    result["median_seconds"] = c.median_seconds;
+                    result["median_cpu_seconds"] = c.median_cpu_seconds;
+                    result["median_context_switches"] = c.median_switches;
+                    result["gbytes_per_second"] = c.gbytes_per_second;
+                    result["memory_ratio"] = c.memory_ratio;
+                    result["max_error"] = c.max_error;
+                    result["round_seconds"] = c.round_seconds;
                 }
-                out << "}";
+                report["results"].push_back(std::move(result));
             }
-        out << "\n  ],\n  \"targets\": [";
-        for (std::size_t t = 0; t < targets.size(); ++t)
-            out << (t ? ",\n" : "\n") << "    {\"target\": " << json_string(targets[t].text)
-                << ", \"met\": "
-                << (!targets[t].met   ? "null"
-                    : *targets[t].met ? "true"
-                                      : "false")
-                << ", \"detail\": " << json_string(targets[t].detail) << "}";
-        out << "\n  ],\n  \"correct\": " << (any_failure ? "false" : "true") << "\n}\n";
-        if (!out) {
-            std::fprintf(stderr, "bench_allreduce: cannot write %s\n", o.json_path.c_str());
-            return 1;
-        }
+        for (const auto& t : targets)
+            report["targets"].push_back(
+                {{"target", t.text},
+                 {"met", t.met ? nlohmann::ordered_json(*t.met) : nlohmann::ordered_json()},
+                 {"detail", t.detail}});
+        program::write_json(o.json_path, report);
     }
     return any_failure ? 1 : 0;
 }
@@ -1257,9 +1209,6 @@ int main(int argc, char** argv) {
         const auto o = parse(argc, argv);
         if (!o.child.empty()) return child_main(o);
         return driver_main(o);
-    } catch (const usage_error& e) {
-        std::fprintf(stderr, "bench_allreduce: %s\n%s", e.what(), usage_text);
-        return 2;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "bench_allreduce: %s\n", e.what());
         return 1;
