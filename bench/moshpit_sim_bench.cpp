@@ -33,7 +33,7 @@
 // configuration over --max-connections per round is skipped and says so (plain all-reduce
 // of 1024 peers: 1,047,552 connections).
 #include "averaging/moshpit_swarm.hpp"
-#include "json.hpp"
+#include "program.hpp"
 #include "statistics.hpp"
 
 #include <hivemesh/averaging/allreduce.hpp>
@@ -49,10 +49,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <fstream>
+#include <istream>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -61,8 +60,6 @@
 namespace {
 
 using namespace hivemesh;
-using hivemesh::bench::json_number;
-using hivemesh::bench::json_string;
 using hivemesh::bench::median;
 using hivemesh::test::moshpit_swarm;
 using hivemesh::test::peer_groups;
@@ -102,47 +99,11 @@ struct options {
     std::string json_path;
 };
 
-const char* const usage =
-    "usage: bench_moshpit_sim [--quick] [--sizes N:G,...] [--failure-rates P,...]\n"
-    "                         [--strategies moshpit,random,allreduce] [--elements E]\n"
-    "                         [--seed S] [--seeds K] [--max-rounds R] [--threshold T]\n"
-    "                         [--gap SECONDS] [--max-connections C] [--plaintext]\n"
-    "                         [--verbose] [--json FILE]\n"
-    "Defaults: --sizes 256:16,1024:32 --failure-rates 0,0.001,0.005,0.01 --elements 4096\n"
-    "--seed 1 --seeds 3 (seeds S..S+K-1, median reported) --max-rounds 50 --threshold 1e-9.\n"
-    "--gap: virtual seconds between rounds (default 130, over twice the RPC idle timeout,\n"
-    "so connections close between rounds and memory stays at one round's connections).\n"
-    "--max-connections: skip a configuration whose round opens more connections than this\n"
-    "(N x (group - 1); default 300000, about 20 GB at ~68 KB each).\n"
-    "N/G must be a power of two (the Moshpit key has log2(N/G) bits).\n"
-    "--quick: 16:4, rates 0 and 0.05, 1024 elements, 1 seed (flags given later override).\n"
-    "--plaintext: authenticated but unencrypted sessions (less CPU, same virtual time).\n"
-    "--verbose: print the library's warnings (a crashed peer causes many).\n";
-
-std::vector<std::string> split(std::string_view text, char separator) {
-    std::vector<std::string> out;
-    std::size_t begin = 0;
-    while (true) {
-        const auto end = text.find(separator, begin);
-        out.emplace_back(text.substr(begin, end - begin));
-        if (end == std::string_view::npos) return out;
-        begin = end + 1;
-    }
-}
-
-std::size_t parse_count(const std::string& text) {
-    std::size_t used = 0;
-    const auto value = std::stoull(text, &used);
-    if (used != text.size() || value == 0) throw std::invalid_argument("bad count: " + text);
-    return static_cast<std::size_t>(value);
-}
-
-double parse_real(const std::string& text) {
-    std::size_t used = 0;
-    const double value = std::stod(text, &used);
-    if (used != text.size() || !std::isfinite(value))
-        throw std::invalid_argument("bad number: " + text);
-    return value;
+/// "N:G", as --sizes lists them.
+std::istream& operator>>(std::istream& in, swarm_size& s) {
+    char colon = 0;
+    if (in >> s.peers >> colon && colon != ':') in.setstate(std::ios::failbit);
+    return in >> s.group;
 }
 
 bool is_power_of_two(std::size_t v) {
@@ -150,75 +111,73 @@ bool is_power_of_two(std::size_t v) {
 }
 
 options parse(int argc, char** argv) {
+    CLI::App app{"Moshpit averaging on the simulated network: rounds until the variance across "
+                 "peers falls below the threshold, for Moshpit, random and all-N groups under "
+                 "per-round crashes.",
+                 "bench_moshpit_sim"};
+    app.option_defaults()->always_capture_default();
     options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view arg = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) throw std::invalid_argument(std::string(arg) + " needs a value");
-            return argv[++i];
-        };
-        if (arg == "--quick") {
-            // Small enough for a sanitizer build; p = 0.05 so that 16 peers do crash.
-            o.sizes = {{16, 4}};
-            o.failure_rates = {0, 0.05};
-            o.elements = 1024;
-            o.seeds = 1;
-        } else if (arg == "--sizes") {
-            o.sizes.clear();
-            for (const auto& item : split(value(), ',')) {
-                const auto parts = split(item, ':');
-                if (parts.size() != 2) throw std::invalid_argument("bad size: " + item);
-                const swarm_size s{parse_count(parts[0]), parse_count(parts[1])};
-                if (s.group < 2 || s.peers % s.group != 0 || !is_power_of_two(s.peers / s.group))
-                    throw std::invalid_argument("N:G needs G >= 2 and N/G a power of two: " + item);
-                o.sizes.push_back(s);
-            }
-        } else if (arg == "--failure-rates") {
-            o.failure_rates.clear();
-            for (const auto& item : split(value(), ',')) {
-                const double p = parse_real(item);
-                if (p < 0 || p >= 1) throw std::invalid_argument("rate not in [0, 1): " + item);
-                o.failure_rates.push_back(p);
-            }
-        } else if (arg == "--strategies") {
-            o.strategies.clear();
-            for (const auto& item : split(value(), ',')) {
-                if (item == "moshpit")
-                    o.strategies.push_back(strategy::moshpit);
-                else if (item == "random")
-                    o.strategies.push_back(strategy::random);
-                else if (item == "allreduce")
-                    o.strategies.push_back(strategy::allreduce);
-                else
-                    throw std::invalid_argument("unknown strategy: " + item);
-            }
-        } else if (arg == "--elements") {
-            o.elements = parse_count(value());
-        } else if (arg == "--seed") {
-            o.seed = std::stoull(value());
-        } else if (arg == "--seeds") {
-            o.seeds = parse_count(value());
-        } else if (arg == "--max-rounds") {
-            o.max_rounds = parse_count(value());
-        } else if (arg == "--threshold") {
-            o.threshold = parse_real(value());
-        } else if (arg == "--gap") {
-            o.gap_seconds = parse_real(value());
-            if (o.gap_seconds < 0) throw std::invalid_argument("negative --gap");
-        } else if (arg == "--max-connections") {
-            o.max_connections = parse_count(value());
-        } else if (arg == "--plaintext") {
-            o.plaintext = true;
-        } else if (arg == "--verbose") {
-            o.verbose = true;
-        } else if (arg == "--json") {
-            o.json_path = value();
-        } else if (arg == "--help" || arg == "-h") {
-            std::fputs(usage, stdout);
-            std::exit(0);
-        } else {
-            throw std::invalid_argument("unknown argument: " + std::string(arg));
+    bool quick = false;
+    std::vector<std::string> strategies{"moshpit", "random", "allreduce"};
+    app.add_flag("--quick", quick,
+                 "16:4, rates 0 and 0.05, 1024 elements, 1 seed (flags given explicitly win)");
+    auto* sizes = app.add_option("--sizes", o.sizes,
+                                 "swarms of N peers in groups of G; N/G must be a power of two "
+                                 "(the Moshpit key has log2(N/G) bits)")
+                      ->type_name("N:G")
+                      ->delimiter(',')
+                      ->default_str("256:16,1024:32");
+    auto* rates = app.add_option("--failure-rates", o.failure_rates,
+                                 "per-round crash probabilities of every peer, each in [0, 1)")
+                      ->delimiter(',')
+                      ->check(program::non_negative);
+    app.add_option("--strategies", strategies, "how groups are chosen")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"moshpit", "random", "allreduce"}));
+    auto* elements =
+        app.add_option("--elements", o.elements, "float32 per peer")->check(program::positive);
+    app.add_option("--seed", o.seed, "the first seed")->check(program::non_negative);
+    auto* seeds = app.add_option("--seeds", o.seeds, "seeds S..S+K-1, the median reported")
+                      ->check(program::positive);
+    app.add_option("--max-rounds", o.max_rounds, "rounds before giving up")
+        ->check(program::positive);
+    app.add_option("--threshold", o.threshold, "the variance across peers to reach")
+        ->check(program::positive);
+    app.add_option("--gap", o.gap_seconds,
+                   "virtual seconds between rounds (over twice the RPC idle timeout, so "
+                   "connections close and memory stays at one round's connections)")
+        ->check(program::non_negative);
+    app.add_option("--max-connections", o.max_connections,
+                   "skip a configuration whose round opens more connections than this (N x "
+                   "(group - 1); at ~68 KB each)")
+        ->check(program::positive);
+    app.add_flag("--plaintext", o.plaintext,
+                 "authenticated but unencrypted sessions (less CPU, same virtual time)");
+    app.add_flag("--verbose", o.verbose,
+                 "print the library's warnings (a crashed peer causes many)");
+    app.add_option("--json", o.json_path, "also write every trajectory as JSON to FILE")
+        ->type_name("FILE");
+    try {
+        app.parse(argc, argv);
+        if (quick) { // small enough for a sanitizer build; p = 0.05 so that 16 peers do crash
+            if (!sizes->count()) o.sizes = {{16, 4}};
+            if (!rates->count()) o.failure_rates = {0, 0.05};
+            if (!elements->count()) o.elements = 1024;
+            if (!seeds->count()) o.seeds = 1;
         }
+        for (const auto& s : o.sizes)
+            if (s.group < 2 || s.peers % s.group != 0 || !is_power_of_two(s.peers / s.group))
+                throw CLI::ValidationError("--sizes", "N:G needs G >= 2 and N/G a power of two: " +
+                                                          std::to_string(s.peers) + ":" +
+                                                          std::to_string(s.group));
+        for (const double p : o.failure_rates)
+            if (p >= 1) throw CLI::ValidationError("--failure-rates", "rate not in [0, 1)");
+        o.strategies.clear();
+        for (const auto& name : strategies)
+            for (const auto s : {strategy::moshpit, strategy::random, strategy::allreduce})
+                if (name == to_string(s)) o.strategies.push_back(s);
+    } catch (const CLI::ParseError& e) {
+        program::exit_after(app, e);
     }
     return o;
 }
@@ -429,14 +388,6 @@ std::string rounds_text(double r) {
     return text;
 }
 
-template <class T, class Format>
-std::string json_array(const std::vector<T>& values, Format format) {
-    std::string out = "[";
-    for (std::size_t i = 0; i < values.size(); ++i)
-        out += (i ? ", " : "") + format(values[i]);
-    return out + "]";
-}
-
 const char* const failure_model =
     "every round, after the groups are formed and before the all-reduce, each peer crashes "
     "independently with probability p (its sim node crashes); its group averages without it "
@@ -446,59 +397,59 @@ const char* const failure_model =
 
 void write_json(const options& o, const std::vector<run_record>& runs,
                 const std::vector<summary>& summaries, const std::string& path) {
-    std::ofstream out(path);
-    out << "{\n  \"benchmark\": \"moshpit_sim\",\n  \"elements\": " << o.elements
-        << ",\n  \"threshold\": " << json_number(o.threshold)
-        << ",\n  \"max_rounds\": " << o.max_rounds << ",\n  \"first_seed\": " << o.seed
-        << ",\n  \"gap_seconds\": " << json_number(o.gap_seconds)
-        << ",\n  \"max_connections\": " << o.max_connections << ",\n  \"seeds\": " << o.seeds
-        << ",\n  \"security\": " << json_string(o.plaintext ? "plaintext" : "encrypted")
-        << ",\n  \"failure_model\": " << json_string(failure_model) << ",\n  \"variance\": "
-        << json_string("mean over elements of the population variance across all peers")
-        << ",\n  \"summary\": [";
-    for (std::size_t i = 0; i < summaries.size(); ++i) {
-        const auto& s = summaries[i];
-        out << (i ? ",\n" : "\n") << "    {\"peers\": " << s.size.peers
-            << ", \"group_size\": " << s.size.group << ", \"strategy\": \"" << to_string(s.how)
-            << "\", \"failure_rate\": " << json_number(s.rate)
-            << ", \"median_rounds\": " << json_number(s.median_rounds)
-            << ", \"virtual_seconds_per_round\": " << json_number(s.virtual_per_round)
-            << ", \"wall_seconds_per_round\": " << json_number(s.wall_per_round)
-            << ", \"cpu_seconds_per_round\": " << json_number(s.cpu_per_round)
-            << ", \"wall_seconds_total\": " << json_number(s.wall_total)
-            << ", \"crashes_per_round\": " << json_number(s.crashes_per_round)
-            << ", \"final_variance\": " << json_number(s.final_variance)
-            << ", \"ok\": " << (s.ok ? "true" : "false");
-        if (!s.skipped.empty()) out << ", \"skipped\": " << json_string(s.skipped);
-        out << "}";
+    nlohmann::ordered_json report = {
+        {"benchmark", "moshpit_sim"},
+        {"elements", o.elements},
+        {"threshold", o.threshold},
+        {"max_rounds", o.max_rounds},
+        {"first_seed", o.seed},
+        {"gap_seconds", o.gap_seconds},
+        {"max_connections", o.max_connections},
+        {"seeds", o.seeds},
+        {"security", o.plaintext ? "plaintext" : "encrypted"},
+        {"failure_model", failure_model},
+        {"variance", "mean over elements of the population variance across all peers"},
+        {"summary", nlohmann::ordered_json::array()},
+        {"runs", nlohmann::ordered_json::array()}};
+    for (const auto& s : summaries) {
+        nlohmann::ordered_json j = {{"peers", s.size.peers},
+                                    {"group_size", s.size.group},
+                                    {"strategy", to_string(s.how)},
+                                    {"failure_rate", s.rate},
+                                    {"median_rounds", s.median_rounds},
+                                    {"virtual_seconds_per_round", s.virtual_per_round},
+                                    {"wall_seconds_per_round", s.wall_per_round},
+                                    {"cpu_seconds_per_round", s.cpu_per_round},
+                                    {"wall_seconds_total", s.wall_total},
+                                    {"crashes_per_round", s.crashes_per_round},
+                                    {"final_variance", s.final_variance},
+                                    {"ok", s.ok}};
+        if (!s.skipped.empty()) j["skipped"] = s.skipped;
+        report["summary"].push_back(std::move(j));
     }
-    out << "\n  ],\n  \"runs\": [";
-    for (std::size_t i = 0; i < runs.size(); ++i) {
-        const auto& r = runs[i];
-        const auto number = [](double v) { return json_number(v); };
-        const auto count = [](std::size_t v) { return std::to_string(v); };
-        out << (i ? ",\n" : "\n") << "    {\"peers\": " << r.size.peers
-            << ", \"group_size\": " << r.size.group << ", \"strategy\": \"" << to_string(r.how)
-            << "\", \"failure_rate\": " << json_number(r.rate) << ", \"seed\": " << r.seed
-            << ", \"rounds_to_threshold\": "
-            << (r.rounds ? std::to_string(*r.rounds) : std::string("null"))
-            << ",\n     \"variance\": " << json_array(r.variance, number)
-            << ",\n     \"virtual_seconds\": " << json_array(r.virtual_seconds, number)
-            << ",\n     \"wall_seconds\": " << json_array(r.wall_seconds, number)
-            << ",\n     \"cpu_seconds\": " << json_array(r.cpu_seconds, number)
-            << ",\n     \"crashed\": " << json_array(r.crashed, count)
-            << ",\n     \"min_fraction_averaged\": " << json_array(r.min_fraction, number)
-            << ",\n     \"setup_wall_seconds\": " << json_number(r.setup_wall_seconds)
-            << ", \"total_wall_seconds\": " << json_number(r.total_wall_seconds)
-            << ", \"mean_drift\": " << json_number(r.mean_drift)
-            << ",\n     \"connections_established\": " << r.network.connections_established
-            << ", \"connections_refused\": " << r.network.connections_refused
-            << ", \"connect_timeouts\": " << r.network.connect_timeouts
-            << ", \"resets\": " << r.network.resets << ", \"failures\": "
-            << json_array(r.failures, [](const std::string& f) { return json_string(f); }) << "}";
-    }
-    out << "\n  ]\n}\n";
-    if (!out) throw std::runtime_error("cannot write " + path);
+    for (const auto& r : runs)
+        report["runs"].push_back(
+            {{"peers", r.size.peers},
+             {"group_size", r.size.group},
+             {"strategy", to_string(r.how)},
+             {"failure_rate", r.rate},
+             {"seed", r.seed},
+             {"rounds_to_threshold", r.rounds ? nlohmann::ordered_json(*r.rounds) : nullptr},
+             {"variance", r.variance},
+             {"virtual_seconds", r.virtual_seconds},
+             {"wall_seconds", r.wall_seconds},
+             {"cpu_seconds", r.cpu_seconds},
+             {"crashed", r.crashed},
+             {"min_fraction_averaged", r.min_fraction},
+             {"setup_wall_seconds", r.setup_wall_seconds},
+             {"total_wall_seconds", r.total_wall_seconds},
+             {"mean_drift", r.mean_drift},
+             {"connections_established", r.network.connections_established},
+             {"connections_refused", r.network.connections_refused},
+             {"connect_timeouts", r.network.connect_timeouts},
+             {"resets", r.network.resets},
+             {"failures", r.failures}});
+    program::write_json(path, report);
 }
 
 /// Library warnings so far (a crashed reducer or sender is dropped quietly; other faults warn).
@@ -625,10 +576,11 @@ int run(const options& o) {
 } // namespace
 
 int main(int argc, char** argv) {
+    const auto o = parse(argc, argv);
     try {
-        return run(parse(argc, argv));
+        return run(o);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "bench_moshpit_sim: %s\n%s", e.what(), usage);
-        return 2;
+        std::fprintf(stderr, "bench_moshpit_sim: %s\n", e.what());
+        return 1;
     }
 }
