@@ -1,0 +1,199 @@
+// The trainer's models and data in libtorch: a small CNN and an MLP for 28 x 28 grey images,
+// Fashion-MNIST as uint8 tensors with batches drawn from them, and evaluation on the test set.
+// Include <hivemesh/optim/torch.hpp> before this header (see there).
+#pragma once
+
+#include "../idx.hpp"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/functional/pooling.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hivemesh::examples {
+
+/// A classifier of 1 x 28 x 28 images into 10 classes.
+struct classifier : torch::nn::Module {
+    virtual at::Tensor forward(const at::Tensor& images) = 0;
+};
+
+/// Two 3 x 3 convolutions (16 and 32 channels), each with ReLU and 2 x 2 max-pooling, then
+/// 1568 -> 128 -> 10: 215k parameters.
+class cnn final : public classifier {
+public:
+    cnn()
+        : conv1_(register_module("conv1",
+                                 torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1))))
+        , conv2_(register_module("conv2",
+                                 torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1))))
+        , fc1_(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128)))
+        , fc2_(register_module("fc2", torch::nn::Linear(128, 10))) {}
+
+    at::Tensor forward(const at::Tensor& images) override {
+        namespace F = torch::nn::functional;
+        auto x = F::max_pool2d(F::relu(conv1_->forward(images)), F::MaxPool2dFuncOptions(2));
+        x = F::max_pool2d(F::relu(conv2_->forward(x)), F::MaxPool2dFuncOptions(2));
+        return fc2_->forward(F::relu(fc1_->forward(x.flatten(1))));
+    }
+
+private:
+    torch::nn::Conv2d conv1_, conv2_;
+    torch::nn::Linear fc1_, fc2_;
+};
+
+/// 784 -> 256 -> 128 -> 10 with ReLU: 235k parameters.
+class mlp final : public classifier {
+public:
+    mlp()
+        : fc1_(register_module("fc1", torch::nn::Linear(28 * 28, 256)))
+        , fc2_(register_module("fc2", torch::nn::Linear(256, 128)))
+        , fc3_(register_module("fc3", torch::nn::Linear(128, 10))) {}
+
+    at::Tensor forward(const at::Tensor& images) override {
+        namespace F = torch::nn::functional;
+        auto x = F::relu(fc1_->forward(images.flatten(1)));
+        return fc3_->forward(F::relu(fc2_->forward(x)));
+    }
+
+private:
+    torch::nn::Linear fc1_, fc2_, fc3_;
+};
+
+/// "cnn" or "mlp", its parameters drawn from libtorch's generator seeded with `seed`, so that
+/// every peer of a run starts from the same ones.
+inline std::shared_ptr<classifier> make_model(const std::string& name, std::uint64_t seed) {
+    at::manual_seed(seed);
+    if (name == "cnn") return std::make_shared<cnn>();
+    if (name == "mlp") return std::make_shared<mlp>();
+    throw std::invalid_argument("unknown model \"" + name + "\"");
+}
+
+/// One split of Fashion-MNIST as tensors: images N x 1 x 28 x 28 (uint8), labels N (int64).
+struct image_set {
+    at::Tensor images;
+    at::Tensor labels;
+
+    std::int64_t size() const { return labels.size(0); }
+};
+
+/// Loads split `prefix` ("train" or "t10k") from `directory`; idx_error when a file is
+/// missing or malformed.
+inline image_set load_split(const std::string& directory, const std::string& prefix) {
+    labelled_images data = load_mnist_style(directory, prefix);
+    const auto n = static_cast<std::int64_t>(data.count);
+    image_set set;
+    set.images = at::empty({n, 1, 28, 28}, at::kByte);
+    std::memcpy(set.images.data_ptr<std::uint8_t>(), data.pixels.data(), data.pixels.size());
+    set.labels = at::empty({n}, at::kLong);
+    auto* labels = set.labels.data_ptr<std::int64_t>();
+    for (std::int64_t i = 0; i < n; ++i)
+        labels[i] = data.labels[static_cast<std::size_t>(i)];
+    return set;
+}
+
+/// Images as the models take them: float, normalised with Fashion-MNIST's mean and deviation.
+inline at::Tensor normalised(const at::Tensor& images) {
+    return (images.to(at::kFloat).div_(255.0f).sub_(0.2860f)).div_(0.3530f);
+}
+
+/// Draws batches from a set in a random order of its own, reshuffled after every pass.
+class batch_sampler {
+public:
+    batch_sampler(const image_set& set, std::uint64_t seed)
+        : set_(&set)
+        , random_(seed) {
+        order_.resize(static_cast<std::size_t>(set.size()));
+        std::iota(order_.begin(), order_.end(), std::int64_t{0});
+        std::shuffle(order_.begin(), order_.end(), random_);
+    }
+
+    /// The next `size` images (normalised) and labels.
+    std::pair<at::Tensor, at::Tensor> next(std::size_t size) {
+        at::Tensor index = at::empty({static_cast<std::int64_t>(size)}, at::kLong);
+        auto* out = index.data_ptr<std::int64_t>();
+        for (std::size_t i = 0; i < size; ++i) {
+            if (position_ == order_.size()) {
+                std::shuffle(order_.begin(), order_.end(), random_);
+                position_ = 0;
+            }
+            out[i] = order_[position_++];
+        }
+        return {normalised(set_->images.index_select(0, index)),
+                set_->labels.index_select(0, index)};
+    }
+
+private:
+    const image_set* set_;
+    std::mt19937_64 random_;
+    std::vector<std::int64_t> order_;
+    std::size_t position_ = 0;
+};
+
+struct evaluation {
+    double accuracy = 0;
+    double loss = 0;
+};
+
+/// Accuracy and mean cross-entropy of `model` on the whole of `set`.
+inline evaluation evaluate(classifier& model, const image_set& set) {
+    const c10::NoGradGuard no_grad;
+    constexpr std::int64_t chunk = 1000;
+    double correct = 0, loss = 0;
+    for (std::int64_t begin = 0; begin < set.size(); begin += chunk) {
+        const std::int64_t end = std::min(set.size(), begin + chunk);
+        const auto logits = model.forward(normalised(set.images.slice(0, begin, end)));
+        const auto labels = set.labels.slice(0, begin, end);
+        loss += torch::nn::functional::cross_entropy(
+                    logits, labels,
+                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
+        correct += logits.argmax(1).eq(labels).sum().item<double>();
+    }
+    const auto n = static_cast<double>(set.size());
+    return {correct / n, loss / n};
+}
+
+/// The model's parameters, in module order, as one float32 vector (the snapshots' format).
+inline std::vector<float> flat_parameters(classifier& model) {
+    std::vector<float> out;
+    for (const auto& p : model.parameters()) {
+        const auto c = p.detach().contiguous();
+        out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+    }
+    return out;
+}
+
+/// Sets the parameters from flat_parameters' form; std::invalid_argument when the sizes differ.
+inline void set_flat_parameters(classifier& model, std::span<const float> values) {
+    const c10::NoGradGuard no_grad;
+    std::size_t total = 0;
+    for (const auto& p : model.parameters())
+        total += static_cast<std::size_t>(p.numel());
+    if (total != values.size())
+        throw std::invalid_argument("a snapshot of " + std::to_string(values.size()) +
+                                    " floats does not fit this model of " + std::to_string(total) +
+                                    " parameters");
+    std::size_t offset = 0;
+    for (auto& p : model.parameters()) {
+        const auto n = static_cast<std::size_t>(p.numel());
+        std::memcpy(p.data_ptr<float>(), values.data() + offset, n * sizeof(float));
+        offset += n;
+    }
+}
+
+} // namespace hivemesh::examples
