@@ -1,5 +1,4 @@
-// The main job until the collaborative trainer exists: every tensor codec on real
-// Fashion-MNIST data, reporting size, error and throughput.
+// Every tensor codec on real Fashion-MNIST data, reporting size, error and throughput.
 //
 //   compress_fashion_mnist [--data DIR] [--images N] [--json FILE]
 //

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -42,6 +43,7 @@ struct peer_record {
     double started = 0;  ///< seconds since the launch
     std::optional<double> joined, left;
     std::uint64_t joined_epoch = 0, joined_global_epoch = 0;
+    bool joined_state_loaded = false;
     std::vector<std::string> addresses;
     nlohmann::json progress = nlohmann::json::object(); ///< the latest progress event
     std::optional<nlohmann::json> done;
@@ -138,10 +140,10 @@ public:
         std::optional<double> next_round;
         std::size_t live = 0;
         for (const auto& p : peers) {
-            if (!p.alive && !terminal_) continue;
             const auto& g = p.progress;
             const std::uint64_t epoch = g.value("epoch", std::uint64_t{0});
             global_epoch = std::max(global_epoch, g.value("global_epoch", std::uint64_t{0}));
+            if (!p.alive && !terminal_ && !force) continue;
             if (p.alive) {
                 ++live;
                 swarm_rate += g.value("samples_per_second", 0.0);
@@ -151,11 +153,11 @@ public:
             lines.push_back(peer_line(p, epoch));
         }
         char head[200];
-        std::snprintf(
-            head, sizeof head, "[%6.1f s] %s: global epoch %llu, %zu peer%s, %.0f samples/s%s", now,
-            o_.single ? "single node" : "swarm", static_cast<unsigned long long>(global_epoch),
-            live, live == 1 ? "" : "s", swarm_rate,
-            next_round ? (", next round in " + format_seconds(*next_round)).c_str() : "");
+        std::snprintf(head, sizeof head,
+                      "[%6.1f s] %s: global epoch %llu, %zu of %zu peers running, %.0f samples/s%s",
+                      now, o_.single ? "single node" : "swarm",
+                      static_cast<unsigned long long>(global_epoch), live, peers.size(), swarm_rate,
+                      next_round ? (", next round in " + format_seconds(*next_round)).c_str() : "");
         lines.insert(lines.begin(), head);
         if (terminal_) {
             if (drawn_ > 0) std::printf("\x1b[%zuA", drawn_);
@@ -237,6 +239,8 @@ public:
     }
 
     run_record run() {
+        std::signal(SIGTERM, detail::request_stop);
+        std::signal(SIGINT, detail::request_stop);
         std::filesystem::create_directories(std::filesystem::path(o_.report) / "logs");
         const std::size_t initial = o_.single || o_.multi_host() ? 1 : o_.peers;
         start_peer(initial);
@@ -251,11 +255,20 @@ public:
                 start_peer(initial);
         }
         double next_churn = o_.churn;
+        bool stopping = false;
         while (std::any_of(record_.peers.begin(), record_.peers.end(),
                            [](const peer_record& p) { return p.alive; })) {
             pump(0.1);
             const double t = now();
-            if (o_.churn > 0 && t >= next_churn) {
+            if (detail::stop_requested && !stopping) {
+                // Ctrl-C or SIGTERM: the peers stop after their current step and report.
+                stopping = true;
+                kills_.clear();
+                for (const auto& p : record_.peers)
+                    if (p.alive) ::kill(p.pid, SIGTERM);
+                view_.note("stopping: the peers finish their current step");
+            }
+            if (!stopping && o_.churn > 0 && t >= next_churn) {
                 next_churn += o_.churn;
                 if (churning()) replace_random_peer();
             }
@@ -387,17 +400,23 @@ private:
         const std::string event = e.value("event", "");
         if (event == "listening") {
             p.addresses = e.value("addresses", std::vector<std::string>{});
-            if (o_.multi_host() && !p.addresses.empty()) {
-                std::string text = "this peer listens at:";
+            if (p.rank == 0 && !p.addresses.empty()) {
+                std::string text = "peer 0 listens at:";
                 for (const auto& a : p.addresses)
                     text += "\n  " + a;
-                view_.note(text + "\njoin it from another machine with --join " +
-                           p.addresses.front());
+                text += "\nwatch the run with: monitor --join " + p.addresses.front() +
+                        " --run-id " + o_.run_id + " --target-batch-size " +
+                        std::to_string(o_.target_batch_size);
+                if (o_.multi_host())
+                    text += "\njoin it from another machine with: collaborative_trainer --join " +
+                            p.addresses.front();
+                view_.note(text);
             }
         } else if (event == "joined") {
             p.joined = now();
             p.joined_epoch = e.value("epoch", std::uint64_t{0});
             p.joined_global_epoch = e.value("global_epoch", std::uint64_t{0});
+            p.joined_state_loaded = e.value("state_loaded", false);
         } else if (event == "progress") {
             p.progress = e;
             record_.metrics.push_back({now(), p.rank, e.value("epoch", std::uint64_t{0}),
@@ -407,6 +426,12 @@ private:
                 {e.value("epoch", std::uint64_t{0}), e.value("file", ""), e.value("final", false)});
         } else if (event == "done") {
             p.done = e;
+            // A replacement still joining would find the swarm gone: it is not started late.
+            for (auto& other : record_.peers)
+                if (other.alive && !other.joined && other.rank != 0) {
+                    ::kill(other.pid, SIGKILL);
+                    other.killed = true;
+                }
         } else if (event == "error" || event == "warning") {
             const std::string message = e.value("message", "");
             if (event == "error") p.error = message;

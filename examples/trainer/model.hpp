@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -32,17 +33,17 @@ struct classifier : torch::nn::Module {
     virtual at::Tensor forward(const at::Tensor& images) = 0;
 };
 
-/// Two 3 x 3 convolutions (16 and 32 channels), each with ReLU and 2 x 2 max-pooling, then
-/// 1568 -> 128 -> 10: 215k parameters.
+/// Two 3 x 3 convolutions (8 and 16 channels), each with ReLU and 2 x 2 max-pooling, then
+/// 784 -> 64 -> 10: 52k parameters, 0.7 MFLOP per image forward.
 class cnn final : public classifier {
 public:
     cnn()
         : conv1_(register_module("conv1",
-                                 torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1))))
+                                 torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 3).padding(1))))
         , conv2_(register_module("conv2",
-                                 torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1))))
-        , fc1_(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128)))
-        , fc2_(register_module("fc2", torch::nn::Linear(128, 10))) {}
+                                 torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 3).padding(1))))
+        , fc1_(register_module("fc1", torch::nn::Linear(16 * 7 * 7, 64)))
+        , fc2_(register_module("fc2", torch::nn::Linear(64, 10))) {}
 
     at::Tensor forward(const at::Tensor& images) override {
         namespace F = torch::nn::functional;
@@ -149,13 +150,16 @@ struct evaluation {
     double loss = 0;
 };
 
-/// Accuracy and mean cross-entropy of `model` on the whole of `set`.
-inline evaluation evaluate(classifier& model, const image_set& set) {
+/// Accuracy and mean cross-entropy of `model` on the first `count` images of `set` (all of
+/// them if it holds fewer).
+inline evaluation evaluate(classifier& model, const image_set& set,
+                           std::int64_t count = std::numeric_limits<std::int64_t>::max()) {
     const c10::NoGradGuard no_grad;
     constexpr std::int64_t chunk = 1000;
     double correct = 0, loss = 0;
-    for (std::int64_t begin = 0; begin < set.size(); begin += chunk) {
-        const std::int64_t end = std::min(set.size(), begin + chunk);
+    const std::int64_t n = std::min(set.size(), count);
+    for (std::int64_t begin = 0; begin < n; begin += chunk) {
+        const std::int64_t end = std::min(n, begin + chunk);
         const auto logits = model.forward(normalised(set.images.slice(0, begin, end)));
         const auto labels = set.labels.slice(0, begin, end);
         loss += torch::nn::functional::cross_entropy(
@@ -164,8 +168,7 @@ inline evaluation evaluate(classifier& model, const image_set& set) {
                     .item<double>();
         correct += logits.argmax(1).eq(labels).sum().item<double>();
     }
-    const auto n = static_cast<double>(set.size());
-    return {correct / n, loss / n};
+    return {correct / static_cast<double>(n), loss / static_cast<double>(n)};
 }
 
 /// The model's parameters, in module order, as one float32 vector (the snapshots' format).

@@ -5,6 +5,7 @@
 
 #include "program.hpp"
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -27,7 +28,7 @@ struct trainer_options {
     std::uint64_t batch_size = 64;
     std::uint64_t target_batch_size = 1024;
     std::string optimizer = "adam";
-    double lr = 0.003;
+    double lr = 0.01;
     bool local_updates = false;
     std::uint64_t average_state_every = 1;
     std::string grad_compression = "none";
@@ -59,6 +60,17 @@ struct trainer_options {
         return epochs == 0 ? by_samples : std::min(epochs, by_samples);
     }
 };
+
+namespace detail {
+
+/// Set by SIGINT and SIGTERM: the launcher asks its peers to stop, a peer stops after its step.
+inline std::atomic<bool> stop_requested{false};
+
+extern "C" inline void request_stop(int) {
+    stop_requested = true;
+}
+
+} // namespace detail
 
 /// Declares every option on `app`, defaults shown in --help.
 inline void add_trainer_options(CLI::App& app, trainer_options& o) {

@@ -126,7 +126,11 @@ draw_charts(const std::filesystem::path& directory, const run_record& run,
 
 } // namespace detail
 
-/// Evaluates peer 0's snapshots on the test set (at most 12 epochs and the final model).
+/// Test images the accuracy curve is measured on (the final model is measured on all).
+inline constexpr std::int64_t curve_test_images = 2000;
+
+/// Evaluates peer 0's snapshots: the final model on the whole test set, at most 10 epochs
+/// (evenly spread) on its first curve_test_images images.
 inline std::vector<accuracy_point> evaluate_snapshots(const trainer_options& o,
                                                       const run_record& run, const image_set& test,
                                                       std::optional<evaluation>& final) {
@@ -141,9 +145,10 @@ inline std::vector<accuracy_point> evaluate_snapshots(const trainer_options& o,
         }
     }
     std::vector<accuracy_point> out;
-    for (const auto& s : detail::spread(epochs, 12)) {
+    for (const auto& s : detail::spread(epochs, 10)) {
         set_flat_parameters(*model, detail::read_snapshot(s.file));
-        out.push_back({s.epoch, s.epoch * o.target_batch_size, evaluate(*model, test)});
+        out.push_back(
+            {s.epoch, s.epoch * o.target_batch_size, evaluate(*model, test, curve_test_images)});
     }
     return out;
 }
@@ -176,7 +181,8 @@ inline nlohmann::ordered_json write_report(const trainer_options& o, const run_r
             {"joined", p.joined ? nlohmann::ordered_json(*p.joined) : nlohmann::ordered_json()},
             {"left", p.left ? nlohmann::ordered_json(*p.left) : nlohmann::ordered_json()},
             {"joined_epoch", p.joined_epoch},
-            {"joined_global_epoch", p.joined_global_epoch}};
+            {"joined_global_epoch", p.joined_global_epoch},
+            {"joined_state_loaded", p.joined_state_loaded}};
         if (p.done) {
             const double wall = p.done->value("wall", 0.0);
             const auto ph =
@@ -185,6 +191,7 @@ inline nlohmann::ordered_json write_report(const trainer_options& o, const run_r
             least_attributed = std::min(least_attributed, attributed);
             entry["samples_per_second"] = wall > 0 ? static_cast<double>(samples) / wall : 0;
             entry["wall"] = wall;
+            entry["parameters_hash"] = p.done->value("parameters_hash", "");
             entry["phases"] = to_json(ph);
             entry["attributed_fraction"] = attributed;
             entry["optimizer"] = p.done->value("stats", nlohmann::json::object());
@@ -223,6 +230,7 @@ inline nlohmann::ordered_json write_report(const trainer_options& o, const run_r
         {"attributed_fraction", phases.empty() ? 0.0 : least_attributed},
         {"config", to_json(o)},
         {"peers", peers},
+        {"accuracy_curve_test_images", std::min(test.size(), curve_test_images)},
         {"accuracy_curve", curve},
         {"charts", charts},
         {"messages", run.messages}};

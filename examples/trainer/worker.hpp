@@ -12,6 +12,9 @@
 
 #include <ATen/Parallel.h>
 
+#include <sys/prctl.h>
+#include <xxhash.h>
+
 #include <asio/use_future.hpp>
 
 #include <atomic>
@@ -68,19 +71,15 @@ inline phase_seconds phase_seconds_from_json(const nlohmann::json& j) {
 
 namespace detail {
 
-inline std::atomic<bool> stop_requested{false};
-
-extern "C" inline void request_stop(int) {
-    stop_requested = true;
-}
-
 /// The events a worker sends, one JSON object per line on stdout:
 ///   {"event":"listening","rank":R,"addresses":[...]}       (a swarm peer, once it listens)
-///   {"event":"joined","rank":R,"epoch":E,"global_epoch":G} (training starts)
+///   {"event":"joined","rank":R,"epoch":E,"global_epoch":G,"state_loaded":B} (training
+///    starts, after a state download if the swarm was ahead)
 ///   {"event":"progress","rank":R,"epoch":..,"samples":..,"samples_per_second":..,
 ///    "loss":..,"next_round":S|null,"global_epoch":..,"peers":..}
 ///   {"event":"snapshot","rank":R,"epoch":E,"file":PATH,"final":B}
-///   {"event":"done","rank":R,"epoch":..,"samples":..,"wall":..,"phases":{..},"stats":{..}}
+///   {"event":"done","rank":R,"epoch":..,"samples":..,"wall":..,"parameters_hash":HEX,
+///    "phases":{..},"stats":{..}}
 ///   {"event":"error","rank":R,"message":TEXT}
 class worker_events {
 public:
@@ -195,10 +194,16 @@ public:
     void done(std::uint64_t epoch, phase_seconds phases, nlohmann::ordered_json stats) {
         const double wall = elapsed();
         phases.other = std::max(0.0, wall - phases.named());
+        const auto values = flat_parameters(model_);
+        char hash[17];
+        std::snprintf(hash, sizeof hash, "%016llx",
+                      static_cast<unsigned long long>(
+                          XXH3_64bits(values.data(), values.size() * sizeof(float))));
         events_.send({{"event", "done"},
                       {"epoch", epoch},
                       {"samples", samples_},
                       {"wall", wall},
+                      {"parameters_hash", hash},
                       {"phases", to_json(phases)},
                       {"stats", std::move(stats)}});
     }
@@ -307,10 +312,12 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
     optim::collaborative_optimizer optimizer(swarm_peer, params.list(), make_local_optimizer(o),
                                              co);
 
-    // The peers the launcher started train from the same moment; a newcomer does not wait.
+    // The peers the launcher started train from the same moment; a newcomer waits only for
+    // its tracker's first read of the DHT, which tells whether the swarm is ahead.
     const auto wait_until = std::chrono::steady_clock::now() + seconds_f(o.join_timeout);
-    while (optimizer.global_progress().num_peers < o.expect_peers && !stop_requested &&
-           std::chrono::steady_clock::now() < wait_until)
+    while ((optimizer.tracker().statistics().fetches == 0 ||
+            optimizer.global_progress().num_peers < o.expect_peers) &&
+           !stop_requested && std::chrono::steady_clock::now() < wait_until)
         std::this_thread::sleep_for(20ms);
 
     training_loop loop(o, model, train, params.grads(), events);
@@ -326,7 +333,8 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
     }
     events.send({{"event", "joined"},
                  {"epoch", optimizer.local_epoch()},
-                 {"global_epoch", optimizer.global_progress().epoch}});
+                 {"global_epoch", optimizer.global_progress().epoch},
+                 {"state_loaded", optimizer.statistics().state_loads > 0}});
     while (!loop.should_stop(optimizer.local_epoch())) {
         loop.forward_backward(phases);
         const auto report = optimizer.step(o.batch_size);
@@ -359,6 +367,7 @@ inline int run_worker(const trainer_options& o) {
     detail::worker_events events(o.rank);
     std::signal(SIGTERM, detail::request_stop);
     std::signal(SIGINT, detail::request_stop);
+    prctl(PR_SET_PDEATHSIG, SIGTERM); // the launcher is gone: stop too
     try {
         at::set_num_threads(static_cast<int>(o.single ? o.threads * o.peers : o.threads));
         const image_set train = load_split(o.data, "train");

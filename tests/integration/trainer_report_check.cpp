@@ -1,0 +1,111 @@
+// Checks a collaborative_trainer report.json for tests/integration/collaborative_trainer.sh:
+// every field the report promises, and the run's claims the options name. Prints each failed
+// check and exits 1 if there was one.
+//
+//   trainer_report_check REPORT.json [--min-accuracy A] [--finished N] [--same-parameters]
+//                        [--min-attributed F] [--killed RANK] [--replacements N]
+#include "program.hpp"
+
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+    if (!ok) {
+        std::printf("FAILED: %s\n", what.c_str());
+        ++failures;
+    }
+}
+
+bool has_number(const nlohmann::json& j, const char* key) {
+    return j.contains(key) && j[key].is_number();
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    std::string path;
+    double min_accuracy = 0, min_attributed = 0.95;
+    std::size_t finished = 0, replacements = 0;
+    bool same_parameters = false;
+    std::optional<std::size_t> killed;
+    CLI::App app{"Checks a collaborative_trainer report."};
+    app.add_option("report", path, "report.json")->required();
+    app.add_option("--min-accuracy", min_accuracy);
+    app.add_option("--finished", finished, "Peers that must have finished");
+    app.add_flag("--same-parameters", same_parameters,
+                 "Every finished peer ends with the same parameters");
+    app.add_option("--min-attributed", min_attributed);
+    app.add_option("--killed", killed, "This peer was killed");
+    app.add_option("--replacements", replacements,
+                   "At least this many peers joined late, each after loading state");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        hivemesh::program::exit_after(app, e);
+    }
+    std::ifstream in(path);
+    const auto report = nlohmann::json::parse(in, nullptr, false);
+    if (report.is_discarded() || !report.is_object()) {
+        std::printf("FAILED: %s is not a JSON object\n", path.c_str());
+        return 1;
+    }
+    for (const char* key : {"test_accuracy", "test_loss", "samples_total", "wall_seconds", "epochs",
+                            "attributed_fraction"})
+        check(has_number(report, key), std::string("report.") + key + " is a number");
+    check(report.contains("config") && report["config"].is_object(), "report.config");
+    check(report.contains("peers") && report["peers"].is_array(), "report.peers");
+    if (failures) return 1;
+
+    check(report["test_accuracy"].get<double>() >= min_accuracy,
+          "test_accuracy " + report["test_accuracy"].dump() +
+              " >= " + std::to_string(min_accuracy));
+    std::size_t done = 0, late = 0;
+    std::string hash;
+    for (const auto& p : report["peers"]) {
+        const std::string rank = p.contains("rank") ? p["rank"].dump() : "?";
+        for (const char* key : {"rank", "epoch", "samples", "samples_per_second"})
+            check(has_number(p, key), "peer " + rank + ": " + key + " is a number");
+        check(p.contains("joined") && p.contains("left"), "peer " + rank + ": joined and left");
+        if (p.value("status", "") == "finished") {
+            ++done;
+            check(p.contains("phases") && p["phases"].is_object(), "peer " + rank + ": phases");
+            for (const char* phase : {"data", "compute", "matchmaking", "allreduce", "optimizer",
+                                      "state_load", "other"})
+                check(p.contains("phases") && has_number(p["phases"], phase),
+                      "peer " + rank + ": phases." + phase);
+            check(p.value("attributed_fraction", 0.0) >= min_attributed,
+                  "peer " + rank + ": attributed_fraction " +
+                      std::to_string(p.value("attributed_fraction", 0.0)) +
+                      " >= " + std::to_string(min_attributed));
+            const std::string h = p.value("parameters_hash", "");
+            if (same_parameters && !hash.empty())
+                check(h == hash, "peer " + rank + ": parameters " + h + " == " + hash);
+            if (hash.empty()) hash = h;
+        }
+        if (p.value("joined_global_epoch", 0) > 0) {
+            ++late;
+            check(p.value("joined_state_loaded", false), "peer " + rank + " loaded state");
+            check(p.value("joined_epoch", 0) + 1 >= p.value("joined_global_epoch", 0),
+                  "peer " + rank + ": epoch " + p["joined_epoch"].dump() +
+                      " >= global epoch - 1 when it started (" + p["joined_global_epoch"].dump() +
+                      ")");
+        }
+        if (killed && p.value("rank", std::size_t{0}) == *killed)
+            check(p.value("status", "") == "killed" && p["left"].is_number(),
+                  "peer " + rank + " shows as killed, with the time it left");
+    }
+    check(done >= finished,
+          std::to_string(done) + " peers finished, expected " + std::to_string(finished));
+    check(late >= replacements,
+          std::to_string(late) + " peers joined late, expected " + std::to_string(replacements));
+    if (failures == 0)
+        std::printf("report ok: accuracy %s, %zu peers finished, %zu joined late\n",
+                    report["test_accuracy"].dump().c_str(), done, late);
+    return failures ? 1 : 0;
+}
