@@ -95,7 +95,8 @@ inline void add_trainer_options(CLI::App& app, trainer_options& o) {
                  "Authenticated but unencrypted connections (every peer must agree)")
         ->group(swarm);
     app.add_option("--identity", o.identity,
-                   "Key file of this peer's identity, loaded or created (default: a fresh one)")
+                   "Key file of this peer's identity (on loopback: peer 0's), loaded or created "
+                   "(default: a fresh one)")
         ->group(swarm);
     app.add_option("--swarm-key", o.swarm_key,
                    "Shared secret: only peers with the same one can connect")

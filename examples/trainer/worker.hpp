@@ -123,8 +123,8 @@ inline std::string write_snapshot(classifier& model, const trainer_options& o, s
     return path.string();
 }
 
-/// The training loop both modes share: a batch, forward and backward, then `step(batch)`,
-/// which returns whether an epoch ended. Progress goes out every half second.
+/// What the training loops of both modes share: a batch and its forward and backward pass
+/// (timed as data and compute), progress every half second, snapshots, the final report.
 class training_loop {
 public:
     using clock = std::chrono::steady_clock;
@@ -284,7 +284,8 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
     peer_options po;
     po.listen = {o.listen.empty() ? "/ip4/127.0.0.1/tcp/0" : o.listen};
     po.initial_peers = o.join;
-    po.identity_path = o.identity;
+    // On loopback only peer 0 has the --identity (its address then stays the same).
+    if (o.multi_host() || o.rank == 0) po.identity_path = o.identity;
     po.swarm_key = o.swarm_key;
     po.plaintext = o.plaintext;
     po.bootstrap_timeout = std::chrono::duration_cast<duration>(seconds_f(o.join_timeout));
@@ -322,6 +323,7 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
 
     training_loop loop(o, model, train, params.grads(), events);
     phase_seconds phases;
+    double step_seconds = 0;
     if (optimizer.global_progress().epoch > optimizer.local_epoch()) {
         try {
             optimizer.async_load_state_from_peers(asio::use_future).get();
@@ -331,13 +333,16 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
                 {{"event", "warning"}, {"message", std::string("state download: ") + e.what()}});
         }
     }
+    const duration initial_load = optimizer.statistics().state_download;
     events.send({{"event", "joined"},
                  {"epoch", optimizer.local_epoch()},
                  {"global_epoch", optimizer.global_progress().epoch},
                  {"state_loaded", optimizer.statistics().state_loads > 0}});
     while (!loop.should_stop(optimizer.local_epoch())) {
         loop.forward_backward(phases);
+        const auto t0 = training_loop::clock::now();
         const auto report = optimizer.step(o.batch_size);
+        step_seconds += seconds_f(training_loop::clock::now() - t0).count();
         if (report.epoch_ended) loop.snapshot(report.epoch, false);
         const auto progress = optimizer.global_progress();
         std::optional<double> next_round;
@@ -353,8 +358,11 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
     const auto s = optimizer.statistics();
     phases.matchmaking = seconds_of(s.waiting_for_group);
     phases.allreduce = seconds_of(s.averaging);
-    phases.optimizer = seconds_of(s.accumulating + s.optimizer_step);
     phases.state_load = seconds_of(s.state_download);
+    // The rest of step(): accumulating, the local optimizer step, copies into and out of the
+    // averaging buffers, and the hand-offs between this thread and the peer's threads.
+    phases.optimizer = std::max(0.0, step_seconds - phases.matchmaking - phases.allreduce -
+                                         (phases.state_load - seconds_of(initial_load)));
     loop.done(optimizer.local_epoch(), phases, to_json(s));
     optimizer.close();
 }
