@@ -300,7 +300,7 @@ private:
         args.insert(args.end(), {"--worker", "--rank", std::to_string(rank), "--expect-peers",
                                  std::to_string(expect_peers)});
         if (rank > 0) {
-            args.push_back("--join");
+            args.push_back("--bootstrap");
             args.push_back(record_.peers[0].addresses.front());
         }
         const auto log =

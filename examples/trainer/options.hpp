@@ -49,6 +49,9 @@ struct trainer_options {
     bool worker = false;
     std::size_t rank = 0;
     std::size_t expect_peers = 1; ///< wait until the tracker sees this many peers
+    /// The first peer of the launcher's loopback swarm, which the others bootstrap from. Not
+    /// --join: that makes a multi-host peer, with the settings of the internet.
+    std::string bootstrap;
 
     /// Multi-host mode: --listen or --join given, this process runs one peer of it.
     bool multi_host() const { return !listen.empty() || !join.empty(); }
@@ -175,6 +178,7 @@ inline void add_trainer_options(CLI::App& app, trainer_options& o) {
     app.add_flag("--worker", o.worker)->group("");
     app.add_option("--rank", o.rank)->group("");
     app.add_option("--expect-peers", o.expect_peers)->group("");
+    app.add_option("--bootstrap", o.bootstrap)->group("");
 }
 
 /// The options as the report records them.

@@ -284,8 +284,10 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
     peer_options po;
     po.listen = {o.listen.empty() ? "/ip4/127.0.0.1/tcp/0" : o.listen};
     po.initial_peers = o.join;
-    // On loopback only peer 0 has the --identity (its address then stays the same).
-    if (o.multi_host() || o.rank == 0) po.identity_path = o.identity;
+    if (!o.bootstrap.empty()) po.initial_peers.push_back(o.bootstrap);
+    // On loopback only peer 0 has the --identity (its address then stays the same); in
+    // multi-host mode this process is the only peer, rank 0.
+    if (o.rank == 0) po.identity_path = o.identity;
     po.swarm_key = o.swarm_key;
     po.plaintext = o.plaintext;
     po.bootstrap_timeout = std::chrono::duration_cast<duration>(seconds_f(o.join_timeout));
@@ -301,10 +303,12 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
     co.use_local_updates = o.local_updates;
     co.average_state_every = o.average_state_every;
     co.grad_compression = *compression::parse_kind(o.grad_compression);
-    // On loopback the whole swarm is known: a leader that waits for target_group_size peers
-    // until its matchmaking window ends starts as soon as every peer is in. The trackers and
-    // matchmakers read the DHT more often than over the internet, so that epochs of a second
-    // or two end, and their groups form, within a fraction of it.
+    // On loopback (every peer the launcher started; they bootstrap with --bootstrap, not
+    // --join) the whole swarm is known: a group of every peer forms at once, also while a
+    // killed peer's record still counts (the optimizer's own rule waits for every peer its
+    // tracker counts). The trackers and matchmakers read the DHT more often than over the
+    // internet, so that even the first epoch, before anyone knows the others' rates, ends
+    // soon after the swarm reaches the target.
     if (!o.multi_host()) {
         co.averaging.target_group_size = std::max<std::size_t>(2, o.peers);
         co.tracking.min_refresh = 100ms;
