@@ -183,16 +183,20 @@ public:
         losses_ = 0;
     }
 
+    /// Peer 0 writes its parameters for the launcher's evaluation. That is not training: its
+    /// time is left out of the wall time (and reported as snapshot_seconds).
     void snapshot(std::uint64_t epoch, bool final) {
         if (o_.rank != 0) return;
+        const auto t0 = clock::now();
         events_.send({{"event", "snapshot"},
                       {"epoch", epoch},
                       {"file", write_snapshot(model_, o_, epoch, final)},
                       {"final", final}});
+        snapshot_seconds_ += seconds_f(clock::now() - t0).count();
     }
 
     void done(std::uint64_t epoch, phase_seconds phases, nlohmann::ordered_json stats) {
-        const double wall = elapsed();
+        const double wall = elapsed() - snapshot_seconds_;
         phases.other = std::max(0.0, wall - phases.named());
         const auto values = flat_parameters(model_);
         char hash[17];
@@ -203,6 +207,7 @@ public:
                       {"epoch", epoch},
                       {"samples", samples_},
                       {"wall", wall},
+                      {"snapshot_seconds", snapshot_seconds_},
                       {"parameters_hash", hash},
                       {"phases", to_json(phases)},
                       {"stats", std::move(stats)}});
@@ -219,6 +224,7 @@ private:
     double loss_sum_ = 0;
     std::size_t losses_ = 0;
     double last_report_ = 0;
+    double snapshot_seconds_ = 0;
 };
 
 /// The single-node baseline: the collaborative optimizer's arithmetic without a swarm.
