@@ -31,16 +31,6 @@ struct accuracy_point {
 
 namespace detail {
 
-inline constexpr std::array<std::pair<const char*, double phase_seconds::*>, 7> phase_fields{{
-    {"data", &phase_seconds::data},
-    {"compute", &phase_seconds::compute},
-    {"matchmaking", &phase_seconds::matchmaking},
-    {"allreduce", &phase_seconds::allreduce},
-    {"optimizer", &phase_seconds::optimizer},
-    {"state_load", &phase_seconds::state_load},
-    {"other", &phase_seconds::other},
-}};
-
 inline std::vector<float> read_snapshot(const std::string& file) {
     std::ifstream in(file, std::ios::binary | std::ios::ate);
     if (!in) throw std::runtime_error("cannot read the snapshot " + file);
@@ -255,7 +245,7 @@ inline void print_bottlenecks(const nlohmann::ordered_json& report) {
     std::printf("\n");
     std::string dominant;
     double dominant_share = -1;
-    for (const auto& [name, field] : detail::phase_fields) {
+    for (const auto& [name, field] : phase_fields) {
         std::printf("%-12s", name);
         double share_sum = 0;
         for (const auto* p : finished) {

@@ -17,6 +17,7 @@
 
 #include <asio/use_future.hpp>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -51,21 +52,28 @@ struct phase_seconds {
     }
 };
 
+/// Every phase by its name in reports, in report order (`other` last).
+inline constexpr std::array<std::pair<const char*, double phase_seconds::*>, 7> phase_fields{{
+    {"data", &phase_seconds::data},
+    {"compute", &phase_seconds::compute},
+    {"matchmaking", &phase_seconds::matchmaking},
+    {"allreduce", &phase_seconds::allreduce},
+    {"optimizer", &phase_seconds::optimizer},
+    {"state_load", &phase_seconds::state_load},
+    {"other", &phase_seconds::other},
+}};
+
 inline nlohmann::ordered_json to_json(const phase_seconds& p) {
-    return {{"data", p.data},           {"compute", p.compute},     {"matchmaking", p.matchmaking},
-            {"allreduce", p.allreduce}, {"optimizer", p.optimizer}, {"state_load", p.state_load},
-            {"other", p.other}};
+    nlohmann::ordered_json out;
+    for (const auto& [name, field] : phase_fields)
+        out[name] = p.*field;
+    return out;
 }
 
 inline phase_seconds phase_seconds_from_json(const nlohmann::json& j) {
     phase_seconds p;
-    p.data = j.value("data", 0.0);
-    p.compute = j.value("compute", 0.0);
-    p.matchmaking = j.value("matchmaking", 0.0);
-    p.allreduce = j.value("allreduce", 0.0);
-    p.optimizer = j.value("optimizer", 0.0);
-    p.state_load = j.value("state_load", 0.0);
-    p.other = j.value("other", 0.0);
+    for (const auto& [name, field] : phase_fields)
+        p.*field = j.value(name, 0.0);
     return p;
 }
 
