@@ -79,7 +79,7 @@ int launch(const trainer_options& o, int argc, char** argv) {
         std::printf("%s\n", report["charts_note"].get<std::string>().c_str());
     bool ok = accuracy.is_number();
     for (const auto& p : run.peers)
-        ok = ok && (p.done || p.killed);
+        ok = ok && (p.done || p.killed || p.stopped_unjoined);
     return ok ? 0 : 1;
 }
 

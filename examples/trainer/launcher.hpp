@@ -38,9 +38,10 @@ struct peer_record {
     int output = -1; ///< its stdout, read here; -1 once closed
     std::string partial_line;
     bool alive = true;
-    bool killed = false; ///< by --churn or --kill
-    int exit_status = 0; ///< as waitpid gives it
-    double started = 0;  ///< seconds since the launch
+    bool killed = false;           ///< by --churn or --kill
+    bool stopped_unjoined = false; ///< a replacement stopped because the run ended before it joined
+    int exit_status = 0;           ///< as waitpid gives it
+    double started = 0;            ///< seconds since the launch
     std::optional<double> joined, left;
     std::uint64_t joined_epoch = 0, joined_global_epoch = 0;
     bool joined_state_loaded = false;
@@ -199,7 +200,8 @@ private:
         bar.resize(width, '.');
         char line[256];
         const char* state =
-            p.alive ? (p.joined ? "" : " starting") : (p.killed ? " killed" : " done");
+            p.alive ? (p.joined ? "" : " starting")
+                    : (p.killed ? " killed" : (p.stopped_unjoined ? " not joined" : " done"));
         std::snprintf(
             line, sizeof line, "  peer %-3zu [%s] epoch %4llu%s  %7.0f samples/s  loss %6.4f%s%s",
             p.rank, bar.c_str(), static_cast<unsigned long long>(epoch),
@@ -387,7 +389,7 @@ private:
             waitpid(p.pid, &p.exit_status, 0);
             p.alive = false;
             p.left = now();
-            if (!p.killed && !p.done && p.error.empty())
+            if (!p.killed && !p.stopped_unjoined && !p.done && p.error.empty())
                 p.error = "exited without finishing (status " + std::to_string(p.exit_status) +
                           "); see " + o_.report + "/logs/peer-" + std::to_string(p.rank) + ".log";
             if (!p.error.empty()) view_.note("peer " + std::to_string(p.rank) + ": " + p.error);
@@ -430,7 +432,7 @@ private:
             for (auto& other : record_.peers)
                 if (other.alive && !other.joined && other.rank != 0) {
                     ::kill(other.pid, SIGKILL);
-                    other.killed = true;
+                    other.stopped_unjoined = true;
                 }
         } else if (event == "error" || event == "warning") {
             const std::string message = e.value("message", "");

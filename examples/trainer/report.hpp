@@ -163,9 +163,10 @@ inline nlohmann::ordered_json write_report(const trainer_options& o, const run_r
         epochs = std::max(epochs, epoch);
         nlohmann::ordered_json entry{
             {"rank", p.rank},
-            {"status", p.done     ? "finished"
-                       : p.killed ? "killed"
-                                  : "failed"},
+            {"status", p.done               ? "finished"
+                       : p.killed           ? "killed"
+                       : p.stopped_unjoined ? "not_joined"
+                                            : "failed"},
             {"epoch", epoch},
             {"samples", samples},
             {"joined", p.joined ? nlohmann::ordered_json(*p.joined) : nlohmann::ordered_json()},

@@ -2,8 +2,9 @@
 // every field the report promises, and the run's claims the options name. Prints each failed
 // check and exits 1 if there was one.
 //
-//   trainer_report_check REPORT.json [--min-accuracy A] [--finished N] [--same-parameters]
-//                        [--min-attributed F] [--killed RANK] [--replacements N]
+//   trainer_report_check REPORT.json [--min-accuracy A] [--finished N] [--live N]
+//                        [--same-parameters] [--min-attributed F] [--killed RANK]
+//                        [--replacements N]
 #include "program.hpp"
 
 #include <cstdio>
@@ -32,12 +33,16 @@ int main(int argc, char** argv) {
     std::string path;
     double min_accuracy = 0, min_attributed = 0.95;
     std::size_t finished = 0, replacements = 0;
+    std::optional<std::size_t> live;
     bool same_parameters = false;
     std::optional<std::size_t> killed;
     CLI::App app{"Checks a collaborative_trainer report."};
     app.add_option("report", path, "report.json")->required();
     app.add_option("--min-accuracy", min_accuracy);
     app.add_option("--finished", finished, "Peers that must have finished");
+    app.add_option("--live", live,
+                   "Peers not killed: each finished, or was a replacement the end of the run "
+                   "stopped before it joined");
     app.add_flag("--same-parameters", same_parameters,
                  "Every finished peer ends with the same parameters");
     app.add_option("--min-attributed", min_attributed);
@@ -65,14 +70,20 @@ int main(int argc, char** argv) {
     check(report["test_accuracy"].get<double>() >= min_accuracy,
           "test_accuracy " + report["test_accuracy"].dump() +
               " >= " + std::to_string(min_accuracy));
-    std::size_t done = 0, late = 0;
+    std::size_t done = 0, late = 0, not_killed = 0;
     std::string hash;
     for (const auto& p : report["peers"]) {
         const std::string rank = p.contains("rank") ? p["rank"].dump() : "?";
         for (const char* key : {"rank", "epoch", "samples", "samples_per_second"})
             check(has_number(p, key), "peer " + rank + ": " + key + " is a number");
         check(p.contains("joined") && p.contains("left"), "peer " + rank + ": joined and left");
-        if (p.value("status", "") == "finished") {
+        const std::string status = p.value("status", "");
+        check(status == "finished" || status == "killed" || status == "not_joined",
+              "peer " + rank + ": status " + status);
+        if (status != "killed") ++not_killed;
+        if (status == "not_joined")
+            check(p["joined"].is_null(), "peer " + rank + " is not_joined and has no join time");
+        if (status == "finished") {
             ++done;
             check(p.contains("phases") && p["phases"].is_object(), "peer " + rank + ": phases");
             for (const char* phase : {"data", "compute", "matchmaking", "allreduce", "optimizer",
@@ -102,6 +113,9 @@ int main(int argc, char** argv) {
     }
     check(done >= finished,
           std::to_string(done) + " peers finished, expected " + std::to_string(finished));
+    if (live)
+        check(not_killed == *live,
+              std::to_string(not_killed) + " peers not killed, expected " + std::to_string(*live));
     check(late >= replacements,
           std::to_string(late) + " peers joined late, expected " + std::to_string(replacements));
     if (failures == 0)
