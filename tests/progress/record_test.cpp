@@ -274,6 +274,34 @@ TEST_CASE("the global estimate follows its formulas", "[progress][estimate]") {
         const auto older = progress::estimate_global_progress(with_newcomer, 5, now, o);
         CHECK(older.next_fetch == now + 4166666667ns); // 6.25 s · 6 / 9, rounded up
     }
+    SECTION("a record one epoch behind counts from when this peer entered the epoch") {
+        // The record at epoch 4 (40 samples/s, reported at now − 1 s) is most likely a peer
+        // that moved to epoch 5 when this one did, 0.5 s ago: 40 · 0.5 = 20 samples more.
+        const auto moved = progress::estimate_global_progress(records, 5, now, o, now - 500ms);
+        CHECK(moved.samples_accumulated == 350);
+        CHECK(moved.estimated_samples == 390 + 20);
+        CHECK(moved.eta == now + 6050ms); // (1015 − 410) / 100 s
+        // Reported after this peer entered the epoch: it counts from its report.
+        const auto reported = progress::estimate_global_progress(records, 5, now, o, now - 2s);
+        CHECK(reported.estimated_samples == 390 + 40);
+        // Only for a peer at the global epoch: one behind it, the records at 4 are its own
+        // epoch's, and the epoch it entered says nothing about them.
+        const auto behind = progress::estimate_global_progress(records, 4, now, o, now - 500ms);
+        CHECK(behind.estimated_samples == 390);
+        // So once every record accrues, the ETA stays where it is as time passes; counted
+        // from each estimate's `now` instead, it would move away by 0.4 s every second.
+        const auto at = [&](duration later, time_point started) {
+            return progress::estimate_global_progress(records, 5, now + later, o, started);
+        };
+        const auto one = at(1s, now - 500ms);
+        const auto two = at(2s, now - 500ms);
+        CHECK(one.eta >= now + 6350ms - 1ns);
+        CHECK(one.eta <= now + 6350ms + 1ns);
+        CHECK(two.eta >= one.eta - 1ns);
+        CHECK(two.eta <= one.eta + 1ns);
+        const auto unknown = time_point::max();
+        CHECK(at(2s, unknown).eta - at(1s, unknown).eta > 399ms);
+    }
     SECTION("a slow swarm far from its target refreshes at the maximum period") {
         const std::vector<progress::progress_record> slow{{0, 0, 1, now, false}};
         const auto g3 = progress::estimate_global_progress(slow, 0, now, o);

@@ -129,11 +129,16 @@ inline double finite_or_max(double x) noexcept {
 
 /// Estimates the global progress at `now` from the live `records` (the caller drops
 /// tombstones and expired records, and includes its own record if it reports samples) for a
-/// peer at `local_epoch`:
+/// peer at `local_epoch`, which it entered at `epoch_started` (time_point::max(): unknown):
 ///   - epoch E = max(local_epoch, epoch of every non-client record);
 ///   - samples_accumulated = Σ samples over the records at E;
 ///   - estimated_samples = Σ over the records at E of samples + samples/s · max(0, now − report
-///   time);
+///     time), plus, when E = local_epoch, Σ over the records at E − 1 of samples/s · max(0,
+///     now − max(report time, epoch_started)): the peers of an epoch end it together, so a
+///     record of the epoch before is most likely a peer that moved to E about when this one
+///     did and was not read since. (Counting its rate from `now` at every estimate instead
+///     would move the ETA away as fast as time passes: a peer that has not yet read the
+///     others' new records would end its epoch only when its own samples reach the target.);
 ///   - samples_per_second R = Σ samples/s over all records (peers behind will catch up and
 ///     contribute);
 ///   - eta = now + max(0, target − estimated_samples) / R, rounded up to a nanosecond (now if
@@ -146,9 +151,10 @@ inline double finite_or_max(double x) noexcept {
 ///     swarm that starts together would otherwise wait max_refresh before anyone knows a
 ///     rate).
 /// Sums that overflow saturate (a hostile record cannot make them wrap or non-finite).
-inline global_training_progress estimate_global_progress(std::span<const progress_record> records,
-                                                         std::uint64_t local_epoch, time_point now,
-                                                         const estimate_options& options) {
+inline global_training_progress
+estimate_global_progress(std::span<const progress_record> records, std::uint64_t local_epoch,
+                         time_point now, const estimate_options& options,
+                         time_point epoch_started = time_point::max()) {
     global_training_progress g;
     g.target_batch_size = options.target_batch_size;
     g.estimated_at = now;
@@ -159,7 +165,16 @@ inline global_training_progress estimate_global_progress(std::span<const progres
         ++g.num_peers;
         if (r.client) ++g.num_clients;
         g.samples_per_second = detail::finite_or_max(g.samples_per_second + r.samples_per_second);
-        if (r.epoch != g.epoch) continue;
+        if (r.epoch != g.epoch) {
+            const bool one_behind =
+                g.epoch == local_epoch && g.epoch != 0 && r.epoch == g.epoch - 1;
+            if (!one_behind || epoch_started == time_point::max()) continue;
+            const time_point since = std::max(r.report_time, epoch_started);
+            const double moved = std::max(0.0, std::chrono::duration<double>(now - since).count());
+            g.estimated_samples = detail::finite_or_max(
+                g.estimated_samples + detail::finite_or_max(r.samples_per_second * moved));
+            continue;
+        }
         g.samples_accumulated =
             detail::saturating_add(g.samples_accumulated, r.samples_accumulated);
         const double elapsed =

@@ -262,6 +262,7 @@ private:
         mutable std::mutex mutex;
         bool closed = false;
         local_training_progress local;
+        time_point epoch_started{}; ///< when this peer entered local.epoch
         throughput_ema ema;
         bool measuring = false;               ///< a report or new epoch started an interval
         time_point ema_since{};               ///< start of the interval being measured

@@ -48,7 +48,7 @@ std::vector<progress_record> tracker<Transport>::live_records(const shared& st, 
 template <net::transport Transport>
 void tracker<Transport>::reestimate(shared& st, time_point now, bool fetched) {
     const auto records = live_records(st, now);
-    auto g = estimate_global_progress(records, st.local.epoch, now, st.estimate);
+    auto g = estimate_global_progress(records, st.local.epoch, now, st.estimate, st.epoch_started);
     if (!fetched) g.next_fetch = std::min(g.next_fetch, st.snapshot.next_fetch);
     g.version = st.snapshot.version + 1;
     st.snapshot = g;

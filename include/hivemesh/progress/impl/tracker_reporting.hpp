@@ -54,6 +54,7 @@ tracker<Transport>::tracker(peer_type& peer, tracker_options options) {
         std::lock_guard lock(st.mutex);
         st.local.epoch = st.options.initial_epoch;
         st.local.report_time = now;
+        st.epoch_started = now;
         st.ema_since = now;
         st.snapshot.next_fetch = now; // read at once
         reestimate(st, now, false);
@@ -86,7 +87,10 @@ void tracker<Transport>::apply_report(shared& st, std::uint64_t epoch, std::uint
         st.measuring = true;
         st.ema_since = now;
         st.unmeasured_samples = 0;
-        if (epoch != local.epoch) force_publish = true;
+        if (epoch != local.epoch) {
+            force_publish = true;
+            st.epoch_started = now;
+        }
     } else {
         st.unmeasured_samples += samples - local.samples_accumulated;
         if (now > st.ema_since) {
