@@ -262,7 +262,7 @@ private:
         st->current = a;
         ++st->searches;
         a->expiration = st->now() + r.window;
-        if (!client) co_await declare(st, *a, false);
+        if (!client) co_await declare(st, *a);
 
         std::optional<group_type> found;
         while (!a->formed && !a->stopped && st->now() < a->expiration) {
@@ -309,26 +309,35 @@ private:
         a->finished = true;
         a->wake_handlers(); // followers of a group that did not form learn it now
         if (st->current == a) st->current.reset();
-        // Past its expiration the declaration is gone: a withdrawal would only be refused,
-        // after a lookup that may wait on dead peers, and hold up the group.
-        if (!client && st->now() < a->expiration) co_await declare(st, *a, true);
+        // Past its expiration the declaration is gone: a withdrawal would only be refused.
+        // Before it, the withdrawal goes out without holding up the group: its lookup may
+        // wait on dead peers, and even on a healthy swarm takes a few round trips.
+        if (!client && st->now() < a->expiration) withdraw(st, *a);
         if (ec || !found)
             co_return std::pair{ec ? ec : make_error_code(errc::too_few_peers), group_type{}};
         co_return std::pair{std::error_code{}, std::move(*found)};
     }
 
-    /// Stores our declaration, or withdraws it (an empty value, strictly later).
-    static asio::awaitable<void> declare(state_ptr st, attempt& a, bool withdraw) {
+    /// Stores our declaration: our address, until the end of our window.
+    static asio::awaitable<void> declare(state_ptr st, attempt& a) {
         byte_buffer value;
-        if (!withdraw) {
-            binary_writer w(value);
-            Transport::to_address(*st->announce).write_without_peer(w);
-        }
+        binary_writer w(value);
+        Transport::to_address(*st->announce).write_without_peer(w);
         const auto& id = st->rpc->id().bytes();
-        const time_point expiration = withdraw ? a.expiration + duration(1) : a.expiration;
         auto [ec, outcome] =
-            co_await st->dht->async_store(as_bytes(a.key), byte_view(id), value, expiration);
+            co_await st->dht->async_store(as_bytes(a.key), byte_view(id), value, a.expiration);
         if (ec) log::debug("matchmaking", "declaration under ", a.key, ": ", ec.message());
+    }
+
+    /// Starts withdrawing our declaration (an empty value, strictly later) without waiting.
+    /// A next search whose declaration expires later still wins whichever store lands first.
+    static void withdraw(const state_ptr& st, const attempt& a) {
+        const auto& id = st->rpc->id().bytes();
+        st->dht->async_store(
+            as_bytes(a.key), byte_view(id), byte_view{}, a.expiration + duration(1),
+            [key = a.key](std::error_code ec, dht::store_outcome) {
+                if (ec) log::debug("matchmaking", "withdrawal under ", key, ": ", ec.message());
+            });
     }
 
     /// The declared peers that could lead us, earliest first.
