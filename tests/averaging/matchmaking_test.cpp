@@ -290,6 +290,60 @@ TEST_CASE("matchmaking: followers of a leader that crashes find another group", 
 
 namespace {
 
+/// Searches of `window` that expect 3 members other than aux peers and are ready when
+/// `ready` says so; peer 3 is an aux peer.
+averaging::match_request expecting_request(std::size_t i, const bool& ready) {
+    auto r = request_of(i);
+    r.window = 10s;
+    r.role = i == 3 ? member_role::aux : member_role::node;
+    r.expected_members = 3;
+    r.ready = [&ready] { return ready; };
+    return r;
+}
+
+} // namespace
+
+TEST_CASE("matchmaking: a ready leader forms its group once it holds the members expected, "
+          "long before its window ends",
+          "[matchmaking]") {
+    matchmaking_swarm s(4, options_of(2, 16));
+    const auto pending = [&] {
+        return std::none_of(s.outcomes.begin(), s.outcomes.end(),
+                            [](const auto& o) { return o.has_value(); });
+    };
+    auto& time = s.dht.world.network.time();
+    bool ready = false;
+    SECTION("not ready: the group waits, whoever is in, until the search is ready") {
+        for (std::size_t i = 0; i < 4; ++i) {
+            s.start(i, expecting_request(i, ready));
+            time.run_for(200ms); // peer 0 expires first: it leads
+        }
+        time.run_for(3s); // every peer has joined it by now
+        CHECK(pending());
+        ready = true;
+        s.makers[0]->recheck();
+        const auto readied = s.dht.world.now();
+        s.wait_for_groups(1, 4);
+        CHECK(s.dht.world.now() - readied < 200ms); // the group's way to the followers
+    }
+    SECTION("ready: aux peers do not count toward the members expected") {
+        ready = true;
+        for (std::size_t i : {0, 3, 1}) {
+            s.start(i, expecting_request(i, ready));
+            time.run_for(200ms);
+        }
+        time.run_for(3s); // peer 0 leads the aux peer 3 and peer 1: two expected of three
+        CHECK(pending());
+        const auto last = s.dht.world.now();
+        s.start(2, expecting_request(2, ready));
+        const auto groups = s.wait_for_groups(1, 4);
+        CHECK(s.dht.world.now() - last < 1s); // declare, read the key, join: not the window
+        CHECK(groups.begin()->second.members.front().peer.id == s.dht.members[0].rpc->id());
+    }
+}
+
+namespace {
+
 /// Peer 0 declares first (the earliest expiration, so everyone asks it first) and crashes:
 /// dials to it go unanswered (the sim gives up after 3 s). Peers 1-3, searching for
 /// `window`, must still form one group of 3, and end by their windows plus a second.

@@ -19,6 +19,7 @@
 #include <asio/use_future.hpp>
 #include <xxhash.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,10 +67,13 @@ class step_control : public std::enable_shared_from_this<step_control> {
 public:
     /// `round` tags the step: peers whose steps carry different tags never group (e.g. the
     /// training epoch, so that peers of different epochs do not average together).
-    explicit step_control(const asio::any_io_executor& executor, std::uint64_t round = 0)
+    /// `expected_members`: see match_request::expected_members (0: none expected).
+    explicit step_control(const asio::any_io_executor& executor, std::uint64_t round = 0,
+                          std::size_t expected_members = 0)
         : executor_(executor)
         , ready_(executor)
-        , round_(round) {}
+        , round_(round)
+        , expected_members_(expected_members) {}
 
     /// Lets the all-reduce start, with the local values as they are then. Any thread.
     void trigger(double weight = 1.0) {
@@ -78,11 +82,13 @@ public:
             self->weight_ = weight;
             self->triggered_ = true;
             self->ready_.notify();
+            if (self->on_trigger_) self->on_trigger_();
         });
     }
     bool triggered() const noexcept { return triggered_; }
     double weight() const noexcept { return weight_; }
     std::uint64_t round() const noexcept { return round_; }
+    std::size_t expected_members() const noexcept { return expected_members_; }
 
 private:
     template <net::transport Transport>
@@ -90,6 +96,8 @@ private:
     asio::any_io_executor executor_;
     wakeup ready_;
     std::uint64_t round_;
+    std::size_t expected_members_;
+    std::function<void()> on_trigger_; ///< while matchmaking: the matchmaker's recheck
     double weight_ = 1.0;
     bool triggered_ = false;
 };
@@ -137,9 +145,13 @@ public:
     std::uint64_t schema_hash() const noexcept { return schema_hash_; }
 
     /// A control for async_scheduled_step, tagged with `round` (see step_control); trigger it
-    /// when the local values are ready.
-    std::shared_ptr<step_control> make_control(std::uint64_t round = 0) const {
-        return std::make_shared<step_control>(rpc_->get_executor(), round);
+    /// when the local values are ready. Once it is triggered, a group that holds
+    /// `expected_members` members other than aux peers forms at once, even below
+    /// target_group_size (e.g. every peer known to take part; 0: none expected, the group
+    /// forms at target_group_size or when matchmaking ends).
+    std::shared_ptr<step_control> make_control(std::uint64_t round = 0,
+                                               std::size_t expected_members = 0) const {
+        return std::make_shared<step_control>(rpc_->get_executor(), round, expected_members);
     }
 
     /// Matchmaking now; the all-reduce once `control` is triggered. Completion:
@@ -247,7 +259,16 @@ private:
         request.bandwidth = options_.bandwidth;
         request.metadata = options_.metadata;
         request.window = options_.matchmaking_time;
+        // Once triggered, the group need wait for no one but the members expected.
+        request.expected_members = control->expected_members_;
+        request.ready = [control] { return control->triggered_; };
+        control->on_trigger_ = [this] { matchmaker_.recheck(); };
+        struct unhook {
+            step_control* control;
+            ~unhook() { control->on_trigger_ = nullptr; }
+        } const hooked{control.get()}; // on every way out, cancellation too
         auto [ec, group] = co_await matchmaker_.async_find_group(std::move(request));
+        control->on_trigger_ = nullptr;
         if (ec) co_return out_type{ec, {}};
 
         while (!control->triggered_)

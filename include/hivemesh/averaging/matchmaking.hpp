@@ -5,7 +5,8 @@
 // its PeerId, value: its listen address, expiration: the end of its search window). Peers
 // are ordered by (expiration, PeerId). A peer asks the earliest declared peers before it to
 // lead it, one at a time; a leader accepts later peers (and clients, which never lead) until
-// the group reaches target_group_size, or until its own expiration if it then has at least
+// the group reaches target_group_size or holds the members the search expects
+// (match_request::expected_members), or until its own expiration if it then has at least
 // min_group_size members, and then sends every follower the group: a fresh id and the
 // ordered members (leader first, then followers in the order they joined) with what each
 // told about itself (role, bandwidth, user bytes). Refusals carry a reason (join_status);
@@ -33,6 +34,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -66,6 +68,15 @@ struct match_request {
     double bandwidth = 0;  ///< for load balancing; 0 for a client
     byte_buffer metadata;  ///< the application's bytes, handed to every member
     duration window = 15s; ///< look this long; the declaration expires then
+    /// Leading, form the group even below target_group_size once `ready()` (the caller's
+    /// values are ready to average) and the group holds `expected_members` members that are
+    /// not aux peers (and at least min_group_size): e.g. every peer known to take part, once
+    /// the caller's epoch has ended. Until then a larger group costs nothing, and room is kept
+    /// for peers (aux peers too) that come later. 0 or no `ready`: the group forms at
+    /// target_group_size or at the end of the window. `ready` is called on the node's executor;
+    /// call matchmaker::recheck() when its answer changes.
+    std::size_t expected_members = 0;
+    std::function<bool()> ready;
 };
 
 template <net::transport Transport>
@@ -105,6 +116,12 @@ public:
     }
 
     const matchmaking_options& options() const noexcept { return state_->options; }
+
+    /// The current search looks at its group again, e.g. because match_request::ready now
+    /// says yes, and forms it if it holds the members expected. On the node's executor.
+    void recheck() {
+        if (auto a = state_->current) a->form_if_complete();
+    }
 
     /// The DHT key of `bits` for this matchmaker's prefix.
     std::string key_of(const group_bits& bits) const {
@@ -209,6 +226,19 @@ private:
         bool before(time_point other_expiration, const crypto::peer_id& other) const {
             return std::pair(expiration, st->rpc->id()) < std::pair(other_expiration, other);
         }
+        /// Forms the group if we lead the members the request expects and it is ready
+        /// (match_request::expected_members).
+        void form_if_complete() {
+            const std::size_t expected = request.expected_members;
+            if (expected == 0 || !request.ready || formed || finished || stopped || leader ||
+                requesting || followers.empty() ||
+                followers.size() + 1 < st->options.min_group_size)
+                return;
+            std::size_t members = request.role == member_role::aux ? 0 : 1;
+            for (const auto& f : followers)
+                if (f.member.role != member_role::aux) ++members;
+            if (members >= expected && request.ready()) assemble();
+        }
         bool leads(const crypto::peer_id& id) const {
             return std::any_of(followers.begin(), followers.end(),
                                [&](const follower& f) { return f.id == id; });
@@ -279,6 +309,7 @@ private:
                     if (!asked.insert(c.id).second) continue;
                     std::optional<suggestion> next;
                     found = co_await try_join(st, a, c, next);
+                    a->form_if_complete(); // joiners may have come while we asked
                     if (found) break;
                     if (!next) continue;
                     if (next->dismissed) asked.erase(next->leader.id);
@@ -555,7 +586,10 @@ private:
             co_return co_await respond(stream, join_status::group_full);
 
         a->followers.push_back({context.remote, request.member});
-        if (a->followers.size() + 1 == st->options.target_group_size) a->assemble();
+        if (a->followers.size() + 1 == st->options.target_group_size)
+            a->assemble();
+        else
+            a->form_if_complete();
         a->progress.notify();
         if (auto ec = co_await respond(stream, join_status::accepted)) {
             co_return ec;
