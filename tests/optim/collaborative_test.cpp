@@ -522,6 +522,98 @@ TEST_CASE("a peer killed mid-epoch does not stop the others", "[optim][collabora
     CHECK(a.model.values() == b.model.values());
 }
 
+TEST_CASE("short epochs with the default options: each epoch's group is ready when the epoch "
+          "ends, and the epoch ends as the swarm reaches the target",
+          "[optim][collaborative][sim]") {
+    // Four peers, 32 samples a step every 25, 30, 35 and 40 ms: 4,060 samples/s together, so a
+    // target of 4096 makes epochs of about a second, and one of 1024 epochs shorter than the
+    // trackers' least time between reads (min_refresh, 0.5 s). Everything else is the
+    // default: groups of up to 16 (more than the swarm), matchmaking_time 15 s, a state round
+    // after each gradient round. Before the groups formed once every peer the tracker counts
+    // was in, each round waited for its leader's window to end (14 s an epoch here); before
+    // the records of the epoch before counted from this peer's start of the epoch, a peer
+    // that had not yet read the others' new records ended its epoch only when its own samples
+    // reached the target (1280 to 1664 samples for 1024).
+    constexpr std::uint64_t batch = 32;
+    constexpr std::uint64_t epochs = 8;
+    const std::uint64_t target = GENERATE(std::uint64_t{1024}, std::uint64_t{4096});
+    INFO("target " << target);
+    collaborative_swarm swarm(32);
+    const std::vector<duration> intervals{25ms, 30ms, 35ms, 40ms};
+    for (const auto interval : intervals) {
+        optim::collaborative_options o;
+        o.run_id = "run";
+        o.target_batch_size = target;
+        o.batch_size_per_step = batch;
+        swarm.add(o, plain_sgd(0.5), interval).last_epoch = epochs;
+    }
+    // Per peer and epoch: when its steps started with the samples it had in the epoch then,
+    // and its waiting for the group in the epoch's rounds.
+    struct sample_point {
+        time_point at;
+        std::size_t peer;
+        std::uint64_t samples;
+    };
+    std::vector<std::vector<sample_point>> points(epochs);
+    std::vector<std::vector<duration>> waits(swarm.trainers.size());
+    std::vector<std::vector<time_point>> ended(swarm.trainers.size());
+    std::vector<time_point> started(swarm.trainers.size());
+    for (std::size_t p = 0; p < swarm.trainers.size(); ++p) {
+        auto& t = swarm.trainers[p];
+        t.before_step = [&, p](trainer&) { started[p] = swarm.peers.now(); };
+        t.after_step = [&, p, seen = duration{}](trainer& self,
+                                                 const optim::step_report& r) mutable {
+            const std::size_t e = self.epoch_ends.size(); // the epoch the step began in
+            if (e >= epochs) return;
+            points[e].push_back({started[p], p, r.epoch_ended ? r.samples_contributed : r.samples});
+            if (!r.epoch_ended) return;
+            const duration total = self.optimizer->statistics().waiting_for_group;
+            waits[p].push_back(total - seen);
+            seen = total;
+            ended[p].push_back(started[p]);
+        };
+    }
+    swarm.wait_until_all_seen(4);
+    swarm.run();
+
+    for (std::uint64_t e = 0; e < epochs; ++e) {
+        INFO("epoch " << e);
+        std::uint64_t samples = 0;
+        for (const auto& t : swarm.trainers) {
+            REQUIRE(t.epoch_ends.size() == epochs);
+            const auto& r = t.epoch_ends[e];
+            CHECK(r.averaging.outcome == optim::round_outcome::averaged);
+            CHECK(r.averaging.group_size == 4);
+            CHECK(r.state_averaging.outcome == optim::round_outcome::averaged);
+            samples += r.samples_contributed;
+        }
+        // When the samples the peers had reported in the epoch first reached the target.
+        std::vector<std::uint64_t> latest(swarm.trainers.size(), 0);
+        std::optional<time_point> reached;
+        for (const auto& point : points[e]) {
+            latest[point.peer] = point.samples;
+            if (!reached &&
+                std::accumulate(latest.begin(), latest.end(), std::uint64_t{0}) >= target)
+                reached = point.at;
+        }
+        REQUIRE(reached);
+        if (e == 0) continue; // the first epoch starts before anyone knows the others' rates
+        // Every peer ends the epoch at its first step at or after the estimated end, so the
+        // swarm overshoots by less than a step per peer.
+        CHECK(samples >= target);
+        CHECK(samples <= target + intervals.size() * batch);
+        for (std::size_t p = 0; p < swarm.trainers.size(); ++p) {
+            INFO("peer " << p);
+            // Within the slowest peer's step of the swarm reaching the target.
+            CHECK(ended[p][e] - *reached <= 40ms);
+            // Its groups were ready: each of the two rounds waited at most for the leader's
+            // own end of the epoch (at most a step later) and the group's way to this peer
+            // (a link of 10 ms).
+            CHECK(waits[p][e] <= 2 * (40ms + 10ms));
+        }
+    }
+}
+
 TEST_CASE("two peers over loopback TCP end every epoch with the samples-weighted gradient",
           "[optim][collaborative][tcp]") {
     using tcp_optimizer = optim::collaborative_optimizer<net::tcp::transport>;

@@ -16,7 +16,13 @@ template <net::transport Transport>
 auto collaborative_optimizer<Transport>::schedule(shared& st, averager_type& averager,
                                                   std::uint64_t epoch) -> pending_ptr {
     auto pending = std::make_shared<pending_round>(st.executor);
-    pending->control = averager.make_control(detail::round_tag(epoch));
+    // The group is complete once it holds every peer the tracker counts (aux peers publish
+    // no record and are not expected): it need not wait for target_group_size peers, or the
+    // end of matchmaking_time, which may come long after the end of a short epoch. With a
+    // Moshpit key the peers spread over several groups, and the count says nothing.
+    const std::size_t expected =
+        st.options.averaging.group_key_length == 0 ? st.tracker.global_progress().num_peers : 0;
+    pending->control = averager.make_control(detail::round_tag(epoch), expected);
     averager.async_scheduled_step(
         pending->control,
         asio::bind_cancellation_slot(pending->cancel.slot(),
