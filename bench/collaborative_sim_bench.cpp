@@ -32,10 +32,9 @@
 // 2 s (min_refresh; the library's default is 0.5 s) and the DHT caches no value on get
 // (cache_on_get, by default on), which keeps the answering nodes to the replicas: 64 peers
 // over 5 epochs then take 2.5 minutes for both schedules instead of 24 (2 shared cores).
-// With the library's defaults (seed 1) the samples lost, overshoot, latencies and group
-// sizes came out the same, per epoch; only the split of a scheduled round's time between
-// waiting for the group and averaging moved (0.00 + 0.68 s per peer and epoch, against
-// 0.10 + 0.58 s here).
+// With the library's defaults (seed 1) the schedule ahead comes out the same, per epoch:
+// samples lost, overshoot, latencies, group sizes, and 0.00 + 0.68 s per peer and epoch
+// waiting for the group and averaging.
 //
 // Checks (exit status 1 when one fails): every step completes without an error, every peer
 // reaches the last epoch within the virtual time limit, and every sample computed is either
