@@ -22,10 +22,10 @@
 #include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
 
+#include "process.hpp"
 #include "program.hpp"
 
 #include <poll.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,8 +41,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-extern char** environ;
 
 using namespace hivemesh;
 using namespace std::chrono_literals;
@@ -255,43 +253,20 @@ int run_swarm(const options& o, const char* self) {
     std::vector<int> gos;          ///< each child's stdin: a line starts its next round
     std::signal(SIGPIPE, SIG_IGN); // a child that died: its write fails instead
     for (std::size_t rank = 0; rank < o.peers; ++rank) {
-        int fds[2], go[2];
-        if (pipe(fds) != 0 || pipe(go) != 0) throw std::runtime_error("pipe failed");
-        posix_spawn_file_actions_t actions;
-        posix_spawn_file_actions_init(&actions);
-        posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-        posix_spawn_file_actions_addclose(&actions, fds[0]);
-        posix_spawn_file_actions_adddup2(&actions, go[0], STDIN_FILENO);
-        posix_spawn_file_actions_addclose(&actions, go[1]);
-        std::vector<std::string> args{self,
-                                      "--rank",
-                                      std::to_string(rank),
-                                      "--peers",
-                                      std::to_string(o.peers),
-                                      "--group",
-                                      std::to_string(o.group),
-                                      "--rounds",
-                                      std::to_string(o.rounds),
-                                      "--elements",
-                                      std::to_string(o.elements),
-                                      "--codec",
-                                      std::string(compression::to_string(o.codec)),
-                                      "--base-port",
-                                      std::to_string(o.base_port)};
+        std::vector<std::string> args{"--rank",      std::to_string(rank),
+                                      "--peers",     std::to_string(o.peers),
+                                      "--group",     std::to_string(o.group),
+                                      "--rounds",    std::to_string(o.rounds),
+                                      "--elements",  std::to_string(o.elements),
+                                      "--codec",     std::string(compression::to_string(o.codec)),
+                                      "--base-port", std::to_string(o.base_port)};
         if (o.plaintext) args.emplace_back("--plaintext");
-        std::vector<char*> argv;
-        for (auto& a : args)
-            argv.push_back(a.data());
-        argv.push_back(nullptr);
-        pid_t pid = 0;
-        if (posix_spawn(&pid, self, &actions, nullptr, argv.data(), environ) != 0)
-            throw std::runtime_error("cannot start a peer process");
-        posix_spawn_file_actions_destroy(&actions);
-        close(fds[1]);
-        close(go[0]);
-        children.push_back(pid);
-        pipes.push_back(fds[0]);
-        gos.push_back(go[1]);
+        program::child_stdio stdio;
+        stdio.stdin_pipe = stdio.stdout_pipe = true;
+        const auto child = program::spawn(self, args, stdio);
+        children.push_back(child.pid);
+        pipes.push_back(child.stdout_fd);
+        gos.push_back(child.stdin_fd);
     }
 
     std::map<std::size_t, round_summary> rounds;
@@ -390,7 +365,7 @@ int run_swarm(const options& o, const char* self) {
         close(fd);
     int status = 0, failed = 0;
     for (pid_t pid : children)
-        if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        if (status = program::wait_for(pid); !WIFEXITED(status) || WEXITSTATUS(status) != 0)
             ++failed;
     if (!o.json.empty()) program::write_json(o.json, report);
     const double start_rms = std::sqrt((static_cast<double>(o.peers) * o.peers - 1) / 12.0);

@@ -4,13 +4,12 @@
 #pragma once
 
 #include "options.hpp"
+#include "process.hpp"
 
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,8 +25,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-extern char** environ;
 
 namespace hivemesh::examples {
 
@@ -76,37 +73,6 @@ struct run_record {
 };
 
 namespace detail {
-
-/// Starts `program` with `args`, its stdout a pipe returned as `output`, its stderr appended
-/// to `log`; throws std::runtime_error when it cannot.
-inline std::pair<pid_t, int> spawn_worker(const std::string& program,
-                                          const std::vector<std::string>& args,
-                                          const std::string& log) {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("cannot make a pipe");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-    std::vector<std::string> all{program};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all)
-        argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    const int failed = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    if (failed != 0) {
-        close(fds[0]);
-        throw std::runtime_error("cannot start a peer process: " +
-                                 std::error_code(failed, std::generic_category()).message());
-    }
-    return {pid, fds[0]};
-}
 
 /// "RANK@SECONDS" of --kill; std::invalid_argument when malformed.
 inline std::pair<std::size_t, double> parse_kill(const std::string& text) {
@@ -308,11 +274,14 @@ private:
         const auto log =
             (std::filesystem::path(o_.report) / "logs" / ("peer-" + std::to_string(rank) + ".log"))
                 .string();
-        const auto [pid, output] = detail::spawn_worker(program_, args, log);
+        program::child_stdio stdio;
+        stdio.stdout_pipe = true;
+        stdio.stderr_file = log;
+        const auto child = program::spawn(program_, args, stdio);
         peer_record p;
         p.rank = rank;
-        p.pid = pid;
-        p.output = output;
+        p.pid = child.pid;
+        p.output = child.stdout_fd;
         p.started = now();
         record_.peers.push_back(std::move(p));
     }

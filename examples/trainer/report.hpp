@@ -5,6 +5,7 @@
 
 #include "launcher.hpp"
 #include "model.hpp"
+#include "process.hpp"
 #include "worker.hpp"
 
 #include <nlohmann/json.hpp>
@@ -12,7 +13,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -56,8 +56,6 @@ inline std::pair<std::vector<std::string>, std::string>
 draw_charts(const std::filesystem::path& directory, const run_record& run,
             const std::vector<accuracy_point>& accuracy,
             const std::vector<std::pair<std::size_t, phase_seconds>>& phases) {
-    if (std::system("command -v gnuplot > /dev/null 2>&1") != 0)
-        return {{}, "gnuplot not found (Debian: gnuplot-nox): no charts"};
     const auto data = directory / "charts";
     std::filesystem::create_directories(data);
     std::set<std::size_t> ranks;
@@ -106,9 +104,7 @@ draw_charts(const std::filesystem::path& directory, const run_record& run,
            << "plot for [i=2:" << phase_fields.size() + 1 << "] '" << (data / "phases.dat").string()
            << "' using i:xtic(1) title columnheader(i)\n";
     }
-    const auto log = data / "gnuplot.log";
-    const std::string command = "gnuplot '" + script.string() + "' > '" + log.string() + "' 2>&1";
-    if (std::system(command.c_str()) != 0) return {{}, "gnuplot failed: see " + log.string()};
+    if (auto failure = program::run_gnuplot(script, data / "gnuplot.log")) return {{}, *failure};
     return {{(directory / "loss.png").string(), (directory / "accuracy.png").string(),
              (directory / "phases.png").string()},
             ""};
