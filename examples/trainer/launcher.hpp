@@ -108,8 +108,11 @@ public:
         std::size_t live = 0;
         for (const auto& p : peers) {
             const auto& g = p.progress;
-            const std::uint64_t epoch = g.value("epoch", std::uint64_t{0});
-            global_epoch = std::max(global_epoch, g.value("global_epoch", std::uint64_t{0}));
+            // A finished peer's last progress line may be an epoch short of its end.
+            const std::uint64_t epoch =
+                (p.done ? *p.done : g).value("epoch", g.value("epoch", std::uint64_t{0}));
+            global_epoch = std::max(
+                {global_epoch, g.value("global_epoch", std::uint64_t{0}), p.done ? epoch : 0});
             if (!p.alive && !terminal_ && !force) continue;
             if (p.alive) {
                 ++live;
@@ -173,7 +176,7 @@ private:
             p.rank, bar.c_str(), static_cast<unsigned long long>(epoch),
             limit ? ("/" + std::to_string(limit)).c_str() : "", g.value("samples_per_second", 0.0),
             g.value("loss", 0.0),
-            g.contains("next_round") && g["next_round"].is_number()
+            p.alive && g.contains("next_round") && g["next_round"].is_number()
                 ? ("  next round " + format_seconds(g["next_round"].get<double>())).c_str()
                 : "",
             state);
