@@ -22,6 +22,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -103,15 +104,15 @@ struct settings {
     std::string runs = "thesis-matrix-runs";
     std::string trainer;
     std::string model = "cnn";
-    std::size_t total_threads = 4;
+    std::size_t total_threads = 0; ///< 0: this machine's cores
     std::uint64_t seed = 1;
     bool dry_run = false;
+    bool report_only = false; ///< read the runs' reports instead of running them
 };
 
 /// What one trainer run left: its report, or why there is none.
 struct outcome {
     std::string name;
-    std::vector<std::string> args;
     std::optional<json> report;
     std::string failure;
     double seconds = 0; ///< the whole process, evaluation included
@@ -164,14 +165,29 @@ std::string run_name(const configuration& c) {
     return name;
 }
 
+/// The run's report from its directory; `o.failure` says why there is none.
+void read_report(const fs::path& dir, outcome& o) {
+    std::ifstream in(dir / "report" / "report.json");
+    auto report = json::parse(in, nullptr, false);
+    if (report.is_discarded() || !report.is_object() || !report["test_accuracy"].is_number()) {
+        if (o.failure.empty()) o.failure = "no usable report.json in " + dir.string();
+        return;
+    }
+    o.report = std::move(report);
+}
+
 outcome run_trainer(const settings& s, const configuration& c) {
     outcome o;
     o.name = run_name(c);
-    o.args = trainer_args(s, c);
     const auto dir = fs::path(s.runs) / o.name;
+    if (s.report_only) {
+        std::ifstream(dir / "seconds") >> o.seconds;
+        read_report(dir, o);
+        return o;
+    }
     fs::remove_all(dir);
     fs::create_directories(dir);
-    auto args = o.args;
+    auto args = trainer_args(s, c);
     args.insert(args.end(), {"--report", (dir / "report").string(), "--run-id", o.name});
     const auto started = std::chrono::steady_clock::now();
     try {
@@ -182,19 +198,14 @@ outcome run_trainer(const settings& s, const configuration& c) {
         const int status = hivemesh::program::wait_for(child.pid);
         o.seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        std::ofstream(dir / "seconds") << o.seconds << '\n';
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
             o.failure = "the trainer failed: see " + (dir / "trainer.log").string();
     } catch (const std::exception& e) {
         o.failure = e.what();
         return o;
     }
-    std::ifstream in(dir / "report" / "report.json");
-    auto report = json::parse(in, nullptr, false);
-    if (report.is_discarded() || !report.is_object() || !report["test_accuracy"].is_number()) {
-        if (o.failure.empty()) o.failure = "no usable report.json in " + dir.string();
-        return o;
-    }
-    o.report = std::move(report);
+    read_report(dir, o);
     return o;
 }
 
@@ -296,15 +307,28 @@ std::string findings(const std::vector<row>& rows) {
     out << "test accuracy is highest at " << (*best)->value << " ("
         << format("%.4f", accuracy(*(*best)->run)) << ") and lowest at " << (*worst)->value << " ("
         << format("%.4f", accuracy(*(*worst)->run)) << ")";
+    // Ten classes: a model near 0.1 guesses; one that ends there diverged.
+    constexpr double chance = 0.15;
     std::size_t compared = 0, within = 0;
-    for (const auto* r : ok)
-        if (r->single && r->single->report && r->run != r->single) {
+    std::string diverged, speed;
+    for (const auto* r : ok) {
+        if (accuracy(*r->run) < chance) diverged += (diverged.empty() ? "" : ", ") + r->value;
+        if (!r->single || !r->single->report || r->run == r->single) continue;
+        if (accuracy(*r->run) >= chance || accuracy(*r->single) >= chance) {
             ++compared;
             within += std::abs(accuracy(*r->run) - accuracy(*r->single)) <= 0.01;
         }
+        if (samples_per_second(*r->single) > 0)
+            speed += (speed.empty() ? "" : ", ") +
+                     format("×%.2f", samples_per_second(*r->run) / samples_per_second(*r->single)) +
+                     " (" + r->value + ")";
+    }
+    if (!diverged.empty())
+        out << "; at " << diverged << " the model ends at chance accuracy: training diverged";
     if (compared)
         out << "; " << within << " of " << compared
             << " swarm runs are within 0.01 of their single node";
+    if (!speed.empty()) out << "; samples/s against the single node: " << speed;
     const auto* first = ok.front();
     const auto* last = ok.back();
     out << "; matchmaking and all-reduce take " << percent(averaging_share(*first->run)) << " of "
@@ -324,18 +348,20 @@ std::string gnuplot_quoted(const fs::path& path) {
 }
 
 /// Accuracy against samples for each value of a factor (swarm solid, its single node dashed),
-/// and for the peers factor the phase shares against the number of peers. Returns the PNG
-/// files' names relative to the markdown file, or why there are none.
+/// and for the peers factor the phase shares against the number of peers, drawn into
+/// `chart_dir` from data and a gnuplot script written to `data_dir`. Returns the PNG files'
+/// names relative to the markdown file, or why there are none.
 std::pair<std::map<std::string, std::vector<std::string>>, std::string>
-draw_charts(const fs::path& chart_dir, const std::string& chart_link,
+draw_charts(const fs::path& chart_dir, const fs::path& data_dir, const std::string& chart_link,
             const std::vector<std::pair<const factor*, std::vector<row>>>& tables) {
-    fs::create_directories(chart_dir / "data");
+    fs::create_directories(chart_dir);
+    fs::create_directories(data_dir);
     std::map<std::string, std::vector<std::string>> pngs;
-    const auto script = chart_dir / "data" / "charts.gp";
+    const auto script = data_dir / "charts.gp";
     std::ofstream gp(script);
     gp << "set terminal pngcairo size 900,540 noenhanced\nset grid\nset key outside right\n";
     const auto curve_file = [&](const outcome& o) {
-        const auto file = chart_dir / "data" / (o.name + ".dat");
+        const auto file = data_dir / (o.name + ".dat");
         std::ofstream out(file);
         for (const auto& point : (*o.report)["accuracy_curve"])
             out << point.value("samples", std::uint64_t{0}) << ' '
@@ -369,7 +395,7 @@ draw_charts(const fs::path& chart_dir, const std::string& chart_link,
         gp << '\n';
         pngs[f->name].push_back(chart_link + "/" + png);
         if (f->name != "peers") continue;
-        const auto data = chart_dir / "data" / "phases-peers.dat";
+        const auto data = data_dir / "phases-peers.dat";
         {
             std::ofstream out(data);
             out << "peers";
@@ -396,7 +422,7 @@ draw_charts(const fs::path& chart_dir, const std::string& chart_link,
         pngs[f->name].push_back(chart_link + "/phases-peers.png");
     }
     gp.close();
-    if (auto failure = hivemesh::program::run_gnuplot(script, chart_dir / "data" / "gnuplot.log"))
+    if (auto failure = hivemesh::program::run_gnuplot(script, data_dir / "gnuplot.log"))
         return {{}, *failure};
     return {pngs, ""};
 }
@@ -408,14 +434,14 @@ std::string today() {
     return text;
 }
 
-std::string command_line(const settings& s, bool samples_given) {
+std::string command_line(const settings& s, bool samples_given, bool threads_given) {
     std::string text = "scripts/thesis-matrix.sh";
     if (s.quick) text += " --quick";
     for (const auto& f : s.only)
         text += " --factor " + f;
     if (samples_given) text += " --samples " + std::to_string(s.samples);
     if (s.model != "cnn") text += " --model " + s.model;
-    if (s.total_threads != 4) text += " --total-threads " + std::to_string(s.total_threads);
+    if (threads_given) text += " --total-threads " + std::to_string(s.total_threads);
     if (s.seed != 1) text += " --seed " + std::to_string(s.seed);
     return text;
 }
@@ -444,10 +470,13 @@ int main(int argc, char** argv) {
                    "The collaborative_trainer program (default: ../examples/ from this one)");
     app.add_option("--model", s.model)->check(CLI::IsMember({"cnn", "mlp"}));
     app.add_option("--total-threads", s.total_threads,
-                   "Threads of each configuration, shared by its peers (one each at least)")
+                   "Threads of each configuration, shared by its peers (one each at least; "
+                   "0: this machine's cores)")
         ->check(CLI::Range(std::size_t{1}, std::size_t{256}));
     app.add_option("--seed", s.seed);
     app.add_flag("--dry-run", s.dry_run, "Print the runs' command lines and stop");
+    app.add_flag("--report-only", s.report_only,
+                 "Write the markdown and charts from the reports already in --runs");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -455,6 +484,8 @@ int main(int argc, char** argv) {
     }
     const bool samples_given = s.samples != 0;
     if (!samples_given) s.samples = s.quick ? 60000 : 120000;
+    const bool threads_given = s.total_threads != 0;
+    if (!threads_given) s.total_threads = std::max(1u, std::thread::hardware_concurrency());
     if (s.trainer.empty())
         s.trainer = (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "examples" /
                      "collaborative_trainer")
@@ -491,7 +522,7 @@ int main(int argc, char** argv) {
         }
         return 0;
     }
-    if (!fs::exists(s.trainer)) {
+    if (!s.report_only && !fs::exists(s.trainer)) {
         std::fprintf(stderr,
                      "thesis_matrix: %s not found: build collaborative_trainer or "
                      "give --trainer\n",
@@ -501,7 +532,7 @@ int main(int argc, char** argv) {
 
     std::map<std::string, outcome> outcomes;
     std::size_t failed = 0;
-    const auto started = std::chrono::steady_clock::now();
+    double minutes = 0; // the runs' own, so that --report-only gives the same
     for (std::size_t i = 0; i < configurations.size(); ++i) {
         const auto& c = configurations[i];
         std::printf("[%zu/%zu] %s ... ", i + 1, configurations.size(), run_name(c).c_str());
@@ -513,10 +544,9 @@ int main(int argc, char** argv) {
         else
             std::printf("%s\n", o.failure.c_str());
         failed += !o.report;
+        minutes += o.seconds / 60;
         outcomes.emplace(o.name, std::move(o));
     }
-    const double minutes =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() / 60;
 
     std::vector<std::pair<const factor*, std::vector<row>>> tables;
     for (const auto& [f, planned] : plan) {
@@ -527,29 +557,35 @@ int main(int argc, char** argv) {
     }
     const fs::path output(s.output);
     const auto chart_dir = output.parent_path() / output.stem();
-    const auto [charts, charts_note] = draw_charts(chart_dir, output.stem().string(), tables);
+    const auto [charts, charts_note] =
+        draw_charts(chart_dir, fs::path(s.runs) / "charts", output.stem().string(), tables);
 
     std::ostringstream md;
     md << "# The thesis matrix\n\n"
        << "Where the time goes when peers train one model together, and how a swarm compares "
           "with one node, measured with `examples/collaborative_trainer` on Fashion-MNIST. "
           "Generated by `"
-       << command_line(s, samples_given) << "` (" << configurations.size() << " runs, "
-       << format("%.1f", minutes) << " minutes, " << today() << ").\n\n"
+       << command_line(s, samples_given, threads_given) << "` (" << configurations.size()
+       << " runs, " << format("%.1f", minutes) << " minutes, " << today() << ").\n\n"
        << "- Every run trains the " << s.model << " model on " << s.samples
        << " samples (rounded up to whole collaborative epochs), seed " << s.seed
        << ", Adam, and is evaluated on the 10,000 test images (peer 0's final model).\n"
        << "- A table changes one factor from the baseline: 4 peers, target batch size 1250, "
           "batch size 64, learning rate 0.01, gradient averaging.\n"
-       << "- Each configuration holds " << s.total_threads
-       << " threads in total, split among its peers (one each at least, so 8 peers use 8); "
-          "the single node runs `--single` with all of them.\n"
+       << "- Each configuration holds " << s.total_threads << " threads in total"
+       << (threads_given ? "" : " (this machine's cores)")
+       << ", split among its peers, one each at least (more peers than threads run one "
+          "each); the single node runs `--single` with all of them.\n"
        << "- Δ single is the test accuracy minus that of the single node with the same "
           "hyperparameters and samples. Wall is the whole run (process start, bootstrap, "
           "training and evaluation); training is the longest peer's training loop, and "
           "samples/s is the samples over it; × single is that over the single node's.\n"
        << "- The phase columns are shares of the peers' summed wall time (the trainer's "
-          "report, see docs/architecture.md).\n\n"
+          "report, see docs/architecture.md).\n"
+       << "- Each cell is one run. A swarm's epochs depend on when its peers' batches land, "
+          "so its runs are not repeatable to the bit, and the time figures move with the "
+          "machine's load: read differences against the spread of repeated runs "
+          "(docs/benchmarks.md gives it for the quick grid).\n\n"
        << "## What the grid shows\n\n";
     for (const auto& [f, rows] : tables)
         md << "- **" << f->name << "**: " << findings(rows) << '\n';
