@@ -6,11 +6,6 @@
 # --single, --model mlp, --local-updates or --report DIR (see --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/build-release.sh collaborative_trainer monitor
 build=${HIVEMESH_BUILD_ROOT:-build}/release
-# Two programs: header-only compiles only what they use (hivemesh::compiled would build the
-# sim instantiations too).
-cmake -S . -B "${build}" -DCMAKE_BUILD_TYPE=Release -DHIVEMESH_BUILD_TESTS=OFF \
-  -DHIVEMESH_BUILD_COMPILED=OFF
-cmake --build "${build}" -j "$(nproc)" --target collaborative_trainer monitor
 "${build}/examples/collaborative_trainer" "$@"

@@ -5,9 +5,6 @@
 # --quick (about 10 minutes on two cores), --factor NAME, --samples N (see --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/build-release.sh collaborative_trainer thesis_matrix
 build=${HIVEMESH_BUILD_ROOT:-build}/release
-cmake -S . -B "${build}" -DCMAKE_BUILD_TYPE=Release -DHIVEMESH_BUILD_TESTS=OFF \
-  -DHIVEMESH_BUILD_COMPILED=OFF
-cmake --build "${build}" -j "$(nproc)" --target collaborative_trainer thesis_matrix
 "${build}/bench/thesis_matrix" --trainer "${build}/examples/collaborative_trainer" "$@"
