@@ -20,5 +20,6 @@ grep -Eq '^\| off \| 0\.[0-9]{4} \| [+-]0\.[0-9]{4} \|' "$md" || fail "no row fo
 grep -Eq '^\| on \| 0\.[0-9]{4} \| [+-]0\.[0-9]{4} \|' "$md" || fail "no row for on"
 grep -q '^- \*\*local_updates\*\*: test accuracy is highest' "$md" || fail "no findings"
 [ -s "$dir/docs/matrix/accuracy-local_updates.png" ] || fail "no accuracy chart"
-[ "$(ls "$dir/runs" | wc -l)" -eq 4 ] || fail "expected 4 runs: $(ls "$dir/runs")"
+runs=$(ls "$dir"/runs/*/report/report.json | wc -l)
+[ "$runs" -eq 4 ] || fail "expected 4 runs' reports, found $runs"
 echo "thesis_matrix smoke ok"
