@@ -472,7 +472,7 @@ int main(int argc, char** argv) {
     app.add_option("--total-threads", s.total_threads,
                    "Threads of each configuration, shared by its peers (one each at least; "
                    "0: this machine's cores)")
-        ->check(CLI::Range(std::size_t{1}, std::size_t{256}));
+        ->check(CLI::Range(std::size_t{0}, std::size_t{256}));
     app.add_option("--seed", s.seed);
     app.add_flag("--dry-run", s.dry_run, "Print the runs' command lines and stop");
     app.add_flag("--report-only", s.report_only,
