@@ -8,6 +8,7 @@
 //
 //   thesis_matrix [--quick] [--factor NAME]... [--samples N] [--output FILE] [--runs DIR]
 //                 [--trainer PATH] [--model cnn|mlp] [--total-threads N] [--seed N] [--dry-run]
+#include "../examples/trainer/phases.hpp"
 #include "process.hpp"
 #include "program.hpp"
 
@@ -29,10 +30,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-/// The phases of the trainer's report, in its order.
-const std::vector<std::string> phase_names{"data",      "compute",    "matchmaking", "allreduce",
-                                           "optimizer", "state_load", "other"};
+using hivemesh::examples::phase_fields;
+using hivemesh::examples::phase_seconds;
 
 /// One trainer configuration; peers == 0 is the single node.
 struct configuration {
@@ -209,19 +208,21 @@ outcome run_trainer(const settings& s, const configuration& c) {
     return o;
 }
 
-/// The phases' shares of the finished peers' summed wall time.
-std::map<std::string, double> phase_shares(const json& report) {
-    std::map<std::string, double> seconds;
+/// The phases' shares of the finished peers' summed wall time (fractions in the fields that
+/// hold seconds in a report).
+phase_seconds phase_shares(const json& report) {
+    phase_seconds seconds;
     double wall = 0;
     for (const auto& p : report["peers"]) {
         if (!p.contains("phases")) continue;
         wall += p.value("wall", 0.0);
-        for (const auto& name : phase_names)
-            seconds[name] += p["phases"].value(name, 0.0);
+        const auto peer = hivemesh::examples::phase_seconds_from_json(p["phases"]);
+        for (const auto& [name, field] : phase_fields)
+            seconds.*field += peer.*field;
     }
-    std::map<std::string, double> shares;
-    for (const auto& name : phase_names)
-        shares[name] = wall > 0 ? seconds[name] / wall : 0;
+    phase_seconds shares;
+    for (const auto& [name, field] : phase_fields)
+        shares.*field = wall > 0 ? seconds.*field / wall : 0;
     return shares;
 }
 
@@ -243,7 +244,7 @@ double samples_per_second(const outcome& o) {
 double averaging_share(const outcome& o) {
     if (!o.report) return 0;
     const auto shares = phase_shares(*o.report);
-    return shares.at("matchmaking") + shares.at("allreduce");
+    return shares.matchmaking + shares.allreduce;
 }
 
 /// One row of a factor's table: the swarm's (or single node's) run and its reference.
@@ -260,17 +261,17 @@ std::string percent(double share) {
 void write_table(std::ostream& md, const std::vector<row>& rows) {
     md << "| value | test accuracy | Δ single | wall (s) | training (s) | samples | samples/s | "
           "× single |";
-    for (const auto& name : phase_names)
+    for (const auto& [name, field] : phase_fields)
         md << ' ' << name << " |";
     md << "\n|---|---:|---:|---:|---:|---:|---:|---:|";
-    for (std::size_t i = 0; i < phase_names.size(); ++i)
+    for (std::size_t i = 0; i < phase_fields.size(); ++i)
         md << "---:|";
     md << '\n';
     for (const auto& r : rows) {
         md << "| " << r.value << " | ";
         if (!r.run->report) {
             md << "failed: " << r.run->failure << " |";
-            for (std::size_t i = 0; i < 7 + phase_names.size(); ++i)
+            for (std::size_t i = 0; i < 7 + phase_fields.size(); ++i)
                 md << " |";
             md << '\n';
             continue;
@@ -288,8 +289,8 @@ void write_table(std::ostream& md, const std::vector<row>& rows) {
                    : "–")
            << " |";
         const auto shares = phase_shares(report);
-        for (const auto& name : phase_names)
-            md << ' ' << percent(shares.at(name)) << " |";
+        for (const auto& [name, field] : phase_fields)
+            md << ' ' << percent(shares.*field) << " |";
         md << '\n';
     }
 }
@@ -399,15 +400,15 @@ draw_charts(const fs::path& chart_dir, const fs::path& data_dir, const std::stri
         {
             std::ofstream out(data);
             out << "peers";
-            for (const auto& name : phase_names)
+            for (const auto& [name, field] : phase_fields)
                 out << ' ' << name;
             out << '\n';
             for (const auto& r : rows) {
                 if (!r.run->report) continue;
                 const auto shares = phase_shares(*r.run->report);
                 out << r.value;
-                for (const auto& name : phase_names)
-                    out << ' ' << 100 * shares.at(name);
+                for (const auto& [name, field] : phase_fields)
+                    out << ' ' << 100 * shares.*field;
                 out << '\n';
             }
         }
@@ -416,7 +417,7 @@ draw_charts(const fs::path& chart_dir, const fs::path& data_dir, const std::stri
            << "set ylabel 'share of wall time (%)'\nset yrange [0:105]\n"
            << "set style data histograms\nset style histogram rowstacked\n"
            << "set style fill solid 0.8 border -1\nset boxwidth 0.7\n"
-           << "plot for [i=2:" << phase_names.size() + 1 << "] " << gnuplot_quoted(data)
+           << "plot for [i=2:" << phase_fields.size() + 1 << "] " << gnuplot_quoted(data)
            << " using i:xtic(1) title columnheader(i)\nset autoscale y\n"
            << "set style data linespoints\n";
         pngs[f->name].push_back(chart_link + "/phases-peers.png");

@@ -5,6 +5,7 @@
 
 #include "launcher.hpp"
 #include "model.hpp"
+#include "phases.hpp"
 #include "process.hpp"
 #include "worker.hpp"
 

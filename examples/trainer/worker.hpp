@@ -5,6 +5,7 @@
 
 #include "model.hpp"
 #include "options.hpp"
+#include "phases.hpp"
 
 #include <hivemesh/compression/kind.hpp>
 #include <hivemesh/optim.hpp>
@@ -17,7 +18,6 @@
 
 #include <asio/use_future.hpp>
 
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -35,46 +35,6 @@ using seconds_f = std::chrono::duration<double>;
 
 inline double seconds_of(hivemesh::duration d) {
     return std::chrono::duration_cast<seconds_f>(d).count();
-}
-
-/// Where a peer's wall time went, in seconds. `other` is the rest of `wall`.
-struct phase_seconds {
-    double data = 0;
-    double compute = 0;
-    double matchmaking = 0;
-    double allreduce = 0;
-    double optimizer = 0;
-    double state_load = 0;
-    double other = 0;
-
-    double named() const {
-        return data + compute + matchmaking + allreduce + optimizer + state_load;
-    }
-};
-
-/// Every phase by its name in reports, in report order (`other` last).
-inline constexpr std::array<std::pair<const char*, double phase_seconds::*>, 7> phase_fields{{
-    {"data", &phase_seconds::data},
-    {"compute", &phase_seconds::compute},
-    {"matchmaking", &phase_seconds::matchmaking},
-    {"allreduce", &phase_seconds::allreduce},
-    {"optimizer", &phase_seconds::optimizer},
-    {"state_load", &phase_seconds::state_load},
-    {"other", &phase_seconds::other},
-}};
-
-inline nlohmann::ordered_json to_json(const phase_seconds& p) {
-    nlohmann::ordered_json out;
-    for (const auto& [name, field] : phase_fields)
-        out[name] = p.*field;
-    return out;
-}
-
-inline phase_seconds phase_seconds_from_json(const nlohmann::json& j) {
-    phase_seconds p;
-    for (const auto& [name, field] : phase_fields)
-        p.*field = j.value(name, 0.0);
-    return p;
 }
 
 namespace detail {

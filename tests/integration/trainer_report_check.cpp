@@ -5,6 +5,7 @@
 //   trainer_report_check REPORT.json [--min-accuracy A] [--finished N] [--live N]
 //                        [--same-parameters] [--min-attributed F] [--killed RANK]
 //                        [--replacements N]
+#include "../../examples/trainer/phases.hpp"
 #include "program.hpp"
 
 #include <cstdio>
@@ -86,10 +87,9 @@ int main(int argc, char** argv) {
         if (status == "finished") {
             ++done;
             check(p.contains("phases") && p["phases"].is_object(), "peer " + rank + ": phases");
-            for (const char* phase : {"data", "compute", "matchmaking", "allreduce", "optimizer",
-                                      "state_load", "other"})
-                check(p.contains("phases") && has_number(p["phases"], phase),
-                      "peer " + rank + ": phases." + phase);
+            for (const auto& phase : hivemesh::examples::phase_fields)
+                check(p.contains("phases") && has_number(p["phases"], phase.name),
+                      "peer " + rank + ": phases." + phase.name);
             check(p.value("attributed_fraction", 0.0) >= min_attributed,
                   "peer " + rank + ": attributed_fraction " +
                       std::to_string(p.value("attributed_fraction", 0.0)) +
