@@ -992,13 +992,6 @@ struct target {
     std::string detail;
 };
 
-/// `v` to 6 significant digits, for a target's detail.
-std::string short_text(double v) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.6g", v);
-    return text;
-}
-
 int driver_main(const options& o) {
     std::signal(SIGPIPE, SIG_IGN); // a dead child's pipe is an error code, not our death
     std::vector<system_spec> rows;
@@ -1079,11 +1072,10 @@ int driver_main(const options& o) {
                 std::printf(" | %-31s", ("FAILED: " + c.status).substr(0, 31).c_str());
                 continue;
             }
-            char text[64];
-            std::snprintf(text, sizeof text, "%7.3f %6.3f %5.2fx %6.3f%s", c.median_seconds,
-                          c.gbytes_per_second, c.memory_ratio, c.median_cpu_seconds,
-                          c.wrong ? " WRONG" : "");
-            std::printf(" | %-31s", text);
+            std::printf(" | %-31s", program::format("%7.3f %6.3f %5.2fx %6.3f%s", c.median_seconds,
+                                                    c.gbytes_per_second, c.memory_ratio,
+                                                    c.median_cpu_seconds, c.wrong ? " WRONG" : "")
+                                        .c_str());
         }
         std::printf("\n");
     }
@@ -1104,8 +1096,8 @@ int driver_main(const options& o) {
         const cell* theirs = find("gloo-hd", 4);
         if (ours && theirs) {
             t.met = ours->median_seconds <= theirs->median_seconds;
-            t.detail = short_text(ours->median_seconds) + " s vs " +
-                       short_text(theirs->median_seconds) + " s";
+            t.detail =
+                program::format("%.6g s vs %.6g s", ours->median_seconds, theirs->median_seconds);
         }
         targets.push_back(t);
     }
@@ -1117,7 +1109,7 @@ int driver_main(const options& o) {
         const cell* packed = find("hivemesh-8bit", n);
         if (plain && packed) {
             t.met = packed->median_seconds * 2 <= plain->median_seconds;
-            t.detail = short_text(plain->median_seconds / packed->median_seconds) + "x";
+            t.detail = program::format("%.6gx", plain->median_seconds / packed->median_seconds);
         }
         targets.push_back(t);
     }
@@ -1134,7 +1126,7 @@ int driver_main(const options& o) {
                     }
         if (any) {
             t.met = worst <= 1.5;
-            t.detail = "worst " + short_text(worst) + "x";
+            t.detail = program::format("worst %.6gx", worst);
         }
         targets.push_back(t);
     }

@@ -416,10 +416,9 @@ run_record run_one(const options& o, bool schedule_ahead) {
     rec.wall_seconds = std::chrono::duration<double>(wall_clock::now() - wall_start).count();
     rec.virtual_seconds = seconds(peers.now() - start);
     if (!finished) {
-        char limit[32];
-        std::snprintf(limit, sizeof limit, "%g", o.max_virtual);
         rec.failures.push_back("not every peer reached epoch " + std::to_string(o.epochs) +
-                               " within " + limit + " virtual seconds");
+                               " within " + program::format("%g", o.max_virtual) +
+                               " virtual seconds");
     }
 
     for (const auto& t : trainers) {
@@ -582,14 +581,14 @@ int run(const options& o) {
             overshoot += static_cast<double>(e.samples_contributed) / static_cast<double>(o.target);
         }
         const auto epochs = static_cast<double>(std::max<std::size_t>(r.epochs.size(), 1));
-        char lost[32], partial[32];
-        std::snprintf(lost, sizeof lost, "%.2f%%", 100 * r.lost_fraction());
-        std::snprintf(partial, sizeof partial, "%.2f%%",
-                      r.samples == 0 ? 0.0
+        const auto lost = program::format("%.2f%%", 100 * r.lost_fraction());
+        const auto partial = program::format(
+            "%.2f%%", r.samples == 0 ? 0.0
                                      : 100.0 * static_cast<double>(r.samples_in_partial_rounds) /
                                            static_cast<double>(r.samples));
         std::printf("%-8s %-9s %-9s %-9.3f %-11.2f %-11.2f %-10.2f %-9.3f %-8.1f %-9.1f %.1f%s\n",
-                    schedule_name(r.schedule_ahead), lost, partial, overshoot / epochs, median(lat),
+                    schedule_name(r.schedule_ahead), lost.c_str(), partial.c_str(),
+                    overshoot / epochs, median(lat),
                     lat.empty() ? std::numeric_limits<double>::quiet_NaN()
                                 : *std::max_element(lat.begin(), lat.end()),
                     r.mean_waiting_for_group, r.mean_averaging, group / epochs, r.virtual_seconds,

@@ -353,11 +353,8 @@ int host_main(const options& o, std::size_t descriptor_limit) {
         if (command == "STORE" || command == "GET") {
             const auto r = nodes->run_phase(command == "STORE", first, count);
             std::string text = "LAT";
-            char number[32];
-            for (const double ms : r.latencies_ms) {
-                std::snprintf(number, sizeof number, " %.3f", ms);
-                text += number;
-            }
+            for (const double ms : r.latencies_ms)
+                text += program::format(" %.3f", ms);
             std::printf("%s\nDONE %zu %zu %.6f %llu\n", text.c_str(), r.attempted, r.succeeded,
                         r.seconds, static_cast<unsigned long long>(r.requests));
             std::fflush(stdout);
@@ -606,15 +603,15 @@ void print_table(const std::vector<row>& rows) {
                         r.note.c_str());
             continue;
         }
-        char requests[32] = "-";
-        if (r.store.requests && r.get.attempted)
-            std::snprintf(requests, sizeof requests, "%.1f/%.1f", r.store.requests_per_op(),
-                          r.get.requests_per_op());
+        const std::string requests =
+            r.store.requests && r.get.attempted
+                ? program::format("%.1f/%.1f", r.store.requests_per_op(), r.get.requests_per_op())
+                : "-";
         std::printf("%-9s %6zu %5zu %7.1f %7.2fms %7.2fms %8.0f %6.1f%% %7.2fms %7.2fms %8.0f "
                     "%6.1f%% %9.1f %9s  %s\n",
                     r.system.c_str(), r.nodes, r.processes, r.setup_seconds, r.store.p50,
                     r.store.p99, r.store.ops_per_second(), r.store.success(), r.get.p50, r.get.p99,
-                    r.get.ops_per_second(), r.get.success(), r.kib_per_node, requests,
+                    r.get.ops_per_second(), r.get.success(), r.kib_per_node, requests.c_str(),
                     r.note.c_str());
     }
     std::fflush(stdout);

@@ -383,9 +383,7 @@ summary summarize(const std::vector<const run_record*>& runs) {
 
 std::string rounds_text(double r) {
     if (std::isinf(r)) return "not reached";
-    char text[32];
-    std::snprintf(text, sizeof text, r == std::floor(r) ? "%.0f" : "%.1f", r);
-    return text;
+    return program::format(r == std::floor(r) ? "%.0f" : "%.1f", r);
 }
 
 const char* const failure_model =

@@ -32,6 +32,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using hivemesh::examples::phase_fields;
 using hivemesh::examples::phase_seconds;
+using hivemesh::program::format;
 
 /// One trainer configuration; peers == 0 is the single node.
 struct configuration {
@@ -116,12 +117,6 @@ struct outcome {
     std::string failure;
     double seconds = 0; ///< the whole process, evaluation included
 };
-
-std::string format(const char* pattern, double value) {
-    char text[64];
-    std::snprintf(text, sizeof text, pattern, value);
-    return text;
-}
 
 /// Threads per peer, so that peers x threads holds the total (one at least).
 std::size_t threads_per_peer(const settings& s, std::size_t peers) {

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdarg>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <stdexcept>
@@ -38,6 +40,22 @@ inline CLI::Validator finite_sign_check(bool zero_too) {
 }
 inline const CLI::Validator positive = finite_sign_check(false);
 inline const CLI::Validator non_negative = finite_sign_check(true);
+
+/// printf's formatting into a string of any length. The compilers check `pattern` against the
+/// values as they do printf's (hence C varargs, not a template); throws std::runtime_error if
+/// printf cannot format them.
+[[gnu::format(printf, 1, 2)]] inline std::string format(const char* pattern, ...) {
+    std::va_list values, again;
+    va_start(values, pattern);
+    va_copy(again, values);
+    const int size = std::vsnprintf(nullptr, 0, pattern, values);
+    va_end(values);
+    std::string text(size > 0 ? static_cast<std::size_t>(size) : 0, '\0');
+    if (size > 0) std::vsnprintf(text.data(), text.size() + 1, pattern, again);
+    va_end(again);
+    if (size < 0) throw std::runtime_error(std::string("cannot format \"") + pattern + '"');
+    return text;
+}
 
 /// Writes `report` to `path` as JSON indented by two spaces (NaN and infinity as null, bytes
 /// that are not UTF-8 as U+FFFD); throws std::runtime_error when the file cannot be written.

@@ -122,13 +122,13 @@ public:
                 next_round = g["next_round"].get<double>();
             lines.push_back(peer_line(p, epoch));
         }
-        char head[200];
-        std::snprintf(head, sizeof head,
-                      "[%6.1f s] %s: global epoch %llu, %zu of %zu peers running, %.0f samples/s%s",
-                      now, o_.single ? "single node" : "swarm",
-                      static_cast<unsigned long long>(global_epoch), live, peers.size(), swarm_rate,
-                      next_round ? (", next round in " + format_seconds(*next_round)).c_str() : "");
-        lines.insert(lines.begin(), head);
+        lines.insert(
+            lines.begin(),
+            program::format(
+                "[%6.1f s] %s: global epoch %llu, %zu of %zu peers running, %.0f samples/s%s", now,
+                o_.single ? "single node" : "swarm", static_cast<unsigned long long>(global_epoch),
+                live, peers.size(), swarm_rate,
+                next_round ? program::format(", next round in %.1f s", *next_round).c_str() : ""));
         if (terminal_) {
             if (drawn_ > 0) std::printf("\x1b[%zuA", drawn_);
             for (const auto& l : lines)
@@ -153,12 +153,6 @@ public:
     }
 
 private:
-    static std::string format_seconds(double s) {
-        char text[32];
-        std::snprintf(text, sizeof text, "%.1f s", s);
-        return text;
-    }
-
     std::string peer_line(const peer_record& p, std::uint64_t epoch) const {
         const auto& g = p.progress;
         const std::uint64_t limit = o_.epoch_limit();
@@ -167,20 +161,18 @@ private:
             limit ? std::min(1.0, static_cast<double>(epoch) / static_cast<double>(limit)) : 0;
         std::string bar(static_cast<std::size_t>(std::lround(fraction * width)), '#');
         bar.resize(width, '.');
-        char line[256];
         const char* state =
             p.alive ? (p.joined ? "" : " starting")
                     : (p.killed ? " killed" : (p.stopped_unjoined ? " not joined" : " done"));
-        std::snprintf(
-            line, sizeof line, "  peer %-3zu [%s] epoch %4llu%s  %7.0f samples/s  loss %6.4f%s%s",
-            p.rank, bar.c_str(), static_cast<unsigned long long>(epoch),
+        return program::format(
+            "  peer %-3zu [%s] epoch %4llu%s  %7.0f samples/s  loss %6.4f%s%s", p.rank, bar.c_str(),
+            static_cast<unsigned long long>(epoch),
             limit ? ("/" + std::to_string(limit)).c_str() : "", g.value("samples_per_second", 0.0),
             g.value("loss", 0.0),
             p.alive && g.contains("next_round") && g["next_round"].is_number()
-                ? ("  next round " + format_seconds(g["next_round"].get<double>())).c_str()
+                ? program::format("  next round %.1f s", g["next_round"].get<double>()).c_str()
                 : "",
             state);
-        return line;
     }
 
     const trainer_options& o_;

@@ -167,10 +167,9 @@ public:
         const double wall = elapsed() - snapshot_seconds_;
         phases.other = std::max(0.0, wall - phases.named());
         const auto values = flat_parameters(model_);
-        char hash[17];
-        std::snprintf(hash, sizeof hash, "%016llx",
-                      static_cast<unsigned long long>(
-                          XXH3_64bits(values.data(), values.size() * sizeof(float))));
+        const auto hash =
+            program::format("%016llx", static_cast<unsigned long long>(XXH3_64bits(
+                                           values.data(), values.size() * sizeof(float))));
         events_.send({{"event", "done"},
                       {"epoch", epoch},
                       {"samples", samples_},
