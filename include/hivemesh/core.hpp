@@ -5,6 +5,7 @@
 #include "hivemesh/core/binary.hpp"
 #include "hivemesh/core/bytes.hpp"
 #include "hivemesh/core/clock.hpp"
+#include "hivemesh/core/config.hpp"
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/core/log.hpp"
 #include "hivemesh/core/random.hpp"
