@@ -1,5 +1,7 @@
 // hivemesh::compiled: the averaging services over the simulated network, compiled once.
 #include <hivemesh/averaging/averager.hpp>
+#include <hivemesh/averaging/impl/allreduce_round.hpp>
+#include <hivemesh/net/sim.hpp>
 
 namespace hivemesh::averaging {
 template class allreduce_service<net::sim::transport>;

@@ -1,5 +1,6 @@
 // hivemesh::compiled: the averaging services over TCP, compiled once.
 #include <hivemesh/averaging/averager.hpp>
+#include <hivemesh/averaging/impl/allreduce_round.hpp>
 
 namespace hivemesh::averaging {
 template class allreduce_service<net::tcp::transport>;

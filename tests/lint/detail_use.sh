@@ -25,7 +25,7 @@ while IFS=: read -r file line name; do
     status=1
   fi
 done < <(grep -rnoE '\b(hivemesh::)?((core|tensor|compression|crypto|net|dht|averaging|optim)::)?((tcp|sim)::)?detail::[A-Za-z_0-9]+' \
-           include tests bench examples --include='*.hpp' --include='*.cpp' |
+           include tests bench examples --include='*.hpp' --include='*.ipp' --include='*.cpp' |
          grep -vE ':[0-9]+:detail::' || true)
 if [ "$status" -eq 0 ]; then echo "no layer uses another layer's detail names"; fi
 exit "$status"

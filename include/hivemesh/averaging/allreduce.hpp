@@ -224,13 +224,7 @@ public:
     allreduce_service(const allreduce_service&) = delete;
     allreduce_service& operator=(const allreduce_service&) = delete;
     /// Cancels rounds still running; their completions still run.
-    ~allreduce_service() {
-        auto st = state_;
-        asio::dispatch(st->executor, [st] {
-            for (auto& [id, weak] : st->rounds)
-                if (auto r = weak.lock()) r->abort(errc::cancelled);
-        });
-    }
+    ~allreduce_service();
 
     /// Test hooks; set before starting rounds.
     void set_hooks(allreduce_hooks hooks) { state_->hooks = std::move(hooks); }
@@ -305,65 +299,47 @@ private:
                           std::vector<std::size_t> spans, std::span<float> local,
                           std::vector<tensor::tensor_ref> tensors, double weight,
                           duration timeout) {
-                auto r = std::make_shared<round>(st, std::move(group), me, std::move(spans), local,
-                                                 std::move(tensors), weight, timeout);
-                co_launch(st->executor, round::run(r), std::move(handler),
+                auto r = make_round(st, std::move(group), me, std::move(spans), local,
+                                    std::move(tensors), weight, timeout);
+                co_launch(st->executor, run_round(r), std::move(handler),
                           "averaging::allreduce_service::async_allreduce",
-                          [weak = std::weak_ptr<round>(r)] {
-                              if (auto alive = weak.lock()) alive->abort(errc::cancelled);
-                          });
+                          [weak = std::weak_ptr<round>(r)] { cancel_round(weak); });
             },
             token, std::move(group), me, std::move(spans), local, std::move(tensors), weight,
             timeout);
     }
 
+    // The round stays incomplete here (it is defined in impl/allreduce_round.hpp), so that
+    // start(), which users instantiate, needs no more of it than these.
+    static std::shared_ptr<round> make_round(state_ptr st, group_type group, std::size_t me,
+                                             std::vector<std::size_t> spans, std::span<float> local,
+                                             std::vector<tensor::tensor_ref> tensors, double weight,
+                                             duration timeout);
+    static asio::awaitable<std::pair<std::error_code, allreduce_result>>
+    run_round(std::shared_ptr<round> r);
+    static void cancel_round(const std::weak_ptr<round>& weak);
+
     /// An incoming sender: find its round (waiting up to join_wait for it to start here),
     /// check its first message, then serve it.
     static asio::awaitable<std::error_code> serve(std::weak_ptr<service_state> weak,
                                                   const net::call_context& context,
-                                                  net::call_stream& stream) {
-        byte_buffer first;
-        if (auto ec = co_await stream.read(first))
-            co_return make_error_code(errc::protocol_violation);
-        begin_message begin;
-        if (decode(first, begin)) co_return make_error_code(errc::protocol_violation);
-        auto st = weak.lock();
-        if (!st) co_return make_error_code(errc::refused);
-        const time_point give_up = st->now() + st->options.join_wait;
-        std::shared_ptr<round> r;
-        while (true) {
-            if (const auto it = st->rounds.find(begin.group); it != st->rounds.end())
-                r = it->second.lock();
-            if (r && !r->finished && !r->spans.empty()) break;
-            r.reset();
-            const time_point t = st->now();
-            if (t >= give_up) co_return make_error_code(errc::unknown_group);
-            timer_type timer(st->executor);
-            timer.expires_after(std::min<duration>(give_up - t, 100ms));
-            st->joiners.insert(&timer);
-            co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-            st->joiners.erase(&timer);
-        }
-        if (auto ec = r->check_begin(begin, context.remote)) co_return ec;
-        co_return co_await round::serve_sender(r, begin, stream);
-    }
+                                                  net::call_stream& stream);
 
     state_ptr state_;
 };
 
 } // namespace hivemesh::averaging
 
+// Header-only use sees the member definitions here. With HIVEMESH_SEPARATE_COMPILATION (the
+// hivemesh::compiled target) they are compiled once, in src/averaging_tcp.cpp and
+// src/averaging_sim.cpp, for net::tcp and net::sim, and a program links them from there; the TCP
+// instantiation is declared extern so that no translation unit instantiates it again.
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
 #include "hivemesh/averaging/impl/allreduce_round.hpp"
-
-// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
-// instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp, not in
-// every translation unit.
-#if defined(HIVEMESH_SEPARATE_COMPILATION)
-#include "hivemesh/net/sim.hpp"
+#else
 #include "hivemesh/net/tcp.hpp"
 
 namespace hivemesh::averaging {
 extern template class allreduce_service<net::tcp::transport>;
-extern template class allreduce_service<net::sim::transport>;
 } // namespace hivemesh::averaging
 #endif

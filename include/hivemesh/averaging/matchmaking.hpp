@@ -610,15 +610,14 @@ private:
 
 } // namespace hivemesh::averaging
 
-// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
-// instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp, not in
-// every translation unit.
+// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the net::tcp and
+// net::sim instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp,
+// and a program links them from there; the TCP one is declared extern so that no translation unit
+// instantiates it again.
 #if defined(HIVEMESH_SEPARATE_COMPILATION)
-#include "hivemesh/net/sim.hpp"
 #include "hivemesh/net/tcp.hpp"
 
 namespace hivemesh::averaging {
 extern template class matchmaker<net::tcp::transport>;
-extern template class matchmaker<net::sim::transport>;
 } // namespace hivemesh::averaging
 #endif

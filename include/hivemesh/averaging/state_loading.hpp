@@ -284,22 +284,18 @@ downloaded_state load_state(net::node<Transport>& rpc, dht::node<Transport>& dht
 
 } // namespace hivemesh::averaging
 
-// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the download for TCP and
-// sim is compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp.
+// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the net::tcp and
+// net::sim instantiations are compiled once, in src/averaging_tcp.cpp and src/averaging_sim.cpp,
+// and a program links them from there; the TCP one is declared extern so that no translation unit
+// instantiates it again.
 #if defined(HIVEMESH_SEPARATE_COMPILATION)
-#include "hivemesh/net/sim.hpp"
 #include "hivemesh/net/tcp.hpp"
 
 namespace hivemesh::averaging::detail {
 extern template asio::awaitable<std::pair<std::error_code, std::vector<donor_info>>>
 list_donors(dht::node<net::tcp::transport>&, std::string);
-extern template asio::awaitable<std::pair<std::error_code, std::vector<donor_info>>>
-list_donors(dht::node<net::sim::transport>&, std::string);
 extern template asio::awaitable<std::pair<std::error_code, downloaded_state>>
 load_state(net::node<net::tcp::transport>&, dht::node<net::tcp::transport>&, std::string,
-           load_options);
-extern template asio::awaitable<std::pair<std::error_code, downloaded_state>>
-load_state(net::node<net::sim::transport>&, dht::node<net::sim::transport>&, std::string,
            load_options);
 } // namespace hivemesh::averaging::detail
 #endif

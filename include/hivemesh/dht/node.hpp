@@ -580,20 +580,20 @@ private:
 
 // The private members, defined out of class, one file per job. Each of those files includes
 // this one first, so it also compiles alone; #pragma once breaks the cycle.
+// Header-only use sees the member definitions here. With HIVEMESH_SEPARATE_COMPILATION (the
+// hivemesh::compiled target) they are compiled once, in src/dht.cpp, for net::tcp and net::sim,
+// and a program links them from there; the TCP instantiation is declared extern so that
+// no translation unit instantiates it again.
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
 #include "hivemesh/dht/impl/node_contacts.hpp"
 #include "hivemesh/dht/impl/node_lookup.hpp"
 #include "hivemesh/dht/impl/node_maintenance.hpp"
 #include "hivemesh/dht/impl/node_operations.hpp"
 #include "hivemesh/dht/impl/node_serving.hpp"
-
-// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
-// instantiations are compiled once, in src/dht.cpp, not in every translation unit.
-#if defined(HIVEMESH_SEPARATE_COMPILATION)
-#include "hivemesh/net/sim.hpp"
+#else
 #include "hivemesh/net/tcp.hpp"
 
 namespace hivemesh::dht {
 extern template class node<net::tcp::transport>;
-extern template class node<net::sim::transport>;
 } // namespace hivemesh::dht
 #endif

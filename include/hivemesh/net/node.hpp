@@ -444,17 +444,17 @@ private:
 
 } // namespace hivemesh::net
 
+// Header-only use sees the member definitions here. With HIVEMESH_SEPARATE_COMPILATION (the
+// hivemesh::compiled target) they are compiled once, in src/net.cpp, for net::tcp and net::sim,
+// and a program links them from there; the TCP instantiation is declared extern so that
+// no translation unit instantiates it again.
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
 #include "hivemesh/net/impl/node_calls.hpp"
 #include "hivemesh/net/impl/node_connections.hpp"
-
-// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
-// instantiations are compiled once, in src/net.cpp, not in every translation unit.
-#if defined(HIVEMESH_SEPARATE_COMPILATION)
-#include "hivemesh/net/sim.hpp"
+#else
 #include "hivemesh/net/tcp.hpp"
 
 namespace hivemesh::net {
 extern template class node<net::tcp::transport>;
-extern template class node<net::sim::transport>;
 } // namespace hivemesh::net
 #endif

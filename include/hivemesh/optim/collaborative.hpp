@@ -519,19 +519,19 @@ collaborative_optimizer(basic_peer<Transport>&, std::vector<parameter>, local_op
 } // namespace hivemesh::optim
 
 // The members defined out of class, one file per job; each includes this file first.
+// Header-only use sees the member definitions here. With HIVEMESH_SEPARATE_COMPILATION (the
+// hivemesh::compiled target) they are compiled once, in src/optim.cpp, for net::tcp and net::sim,
+// and a program links them from there; the TCP instantiation is declared extern so that
+// no translation unit instantiates it again.
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
 #include "hivemesh/optim/impl/collaborative_delayed.hpp"
 #include "hivemesh/optim/impl/collaborative_rounds.hpp"
 #include "hivemesh/optim/impl/collaborative_state.hpp"
 #include "hivemesh/optim/impl/collaborative_step.hpp"
-
-// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
-// instantiations are compiled once, in src/optim.cpp, not in every translation unit.
-#if defined(HIVEMESH_SEPARATE_COMPILATION)
-#include "hivemesh/net/sim.hpp"
+#else
 #include "hivemesh/net/tcp.hpp"
 
 namespace hivemesh::optim {
 extern template class collaborative_optimizer<net::tcp::transport>;
-extern template class collaborative_optimizer<net::sim::transport>;
 } // namespace hivemesh::optim
 #endif

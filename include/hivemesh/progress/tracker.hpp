@@ -317,21 +317,56 @@ private:
     shared_ptr state_;
 };
 
+// Instantiated by async_close's callers, so seen in the compiled mode too.
+template <net::transport Transport>
+template <class Handler>
+void tracker<Transport>::shut(const shared_ptr& st, Handler handler) {
+    dht_node_type* dht = nullptr;
+    {
+        std::lock_guard lock(st->dht_mutex);
+        dht = std::exchange(st->dht, nullptr);
+    }
+    const time_point now = st->now();
+    time_point tombstone_expiration{};
+    {
+        std::lock_guard lock(st->mutex);
+        st->closed = true;
+        if (dht && st->last_publish && st->last_expiration > now)
+            tombstone_expiration = st->last_expiration + 1ns;
+    }
+    asio::post(st->executor, [st] {
+        st->publish_timer.cancel();
+        st->fetch_timer.cancel();
+        notify_waiters(*st);
+    });
+    if (tombstone_expiration == time_point{}) {
+        asio::post(st->executor, [handler = std::move(handler)]() mutable {
+            std::move(handler)(std::error_code{});
+        });
+        return;
+    }
+    dht::record tombstone{st->key_bytes, st->own_subkey, {}, tombstone_expiration, {}};
+    dht->async_store(std::move(tombstone), [handler = std::move(handler)](
+                                               std::error_code ec, dht::store_outcome) mutable {
+        std::move(handler)(ec);
+    });
+}
+
 } // namespace hivemesh::progress
 
 // The private members, defined out of class, one file per job. Each of those files includes
 // this one first, so it also compiles alone; #pragma once breaks the cycle.
+// Header-only use sees the member definitions here. With HIVEMESH_SEPARATE_COMPILATION (the
+// hivemesh::compiled target) they are compiled once, in src/progress.cpp, for net::tcp and
+// net::sim, and a program links them from there; the TCP instantiation is declared extern so that
+// no translation unit instantiates it again.
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
 #include "hivemesh/progress/impl/tracker_estimating.hpp"
 #include "hivemesh/progress/impl/tracker_reporting.hpp"
-
-// With HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) the TCP and sim
-// instantiations are compiled once, in src/progress.cpp, not in every translation unit.
-#if defined(HIVEMESH_SEPARATE_COMPILATION)
-#include "hivemesh/net/sim.hpp"
+#else
 #include "hivemesh/net/tcp.hpp"
 
 namespace hivemesh::progress {
 extern template class tracker<net::tcp::transport>;
-extern template class tracker<net::sim::transport>;
 } // namespace hivemesh::progress
 #endif

@@ -409,6 +409,67 @@ asio::awaitable<void> allreduce_service<Transport>::round::watch(std::shared_ptr
     }
 }
 
+// ---- the service's members that need the round ------------------------------------------
+
+template <net::transport Transport>
+allreduce_service<Transport>::~allreduce_service() {
+    auto st = state_;
+    asio::dispatch(st->executor, [st] {
+        for (auto& [id, weak] : st->rounds)
+            if (auto r = weak.lock()) r->abort(errc::cancelled);
+    });
+}
+
+template <net::transport Transport>
+std::shared_ptr<typename allreduce_service<Transport>::round>
+allreduce_service<Transport>::make_round(state_ptr st, group_type group, std::size_t me,
+                                         std::vector<std::size_t> spans, std::span<float> local,
+                                         std::vector<tensor::tensor_ref> tensors, double weight,
+                                         duration timeout) {
+    return std::make_shared<round>(std::move(st), std::move(group), me, std::move(spans), local,
+                                   std::move(tensors), weight, timeout);
+}
+
+template <net::transport Transport>
+asio::awaitable<std::pair<std::error_code, allreduce_result>>
+allreduce_service<Transport>::run_round(std::shared_ptr<round> r) {
+    return round::run(std::move(r));
+}
+
+template <net::transport Transport>
+void allreduce_service<Transport>::cancel_round(const std::weak_ptr<round>& weak) {
+    if (auto alive = weak.lock()) alive->abort(errc::cancelled);
+}
+
+template <net::transport Transport>
+asio::awaitable<std::error_code>
+allreduce_service<Transport>::serve(std::weak_ptr<service_state> weak,
+                                    const net::call_context& context, net::call_stream& stream) {
+    byte_buffer first;
+    if (auto ec = co_await stream.read(first)) co_return make_error_code(errc::protocol_violation);
+    begin_message begin;
+    if (decode(first, begin)) co_return make_error_code(errc::protocol_violation);
+    auto st = weak.lock();
+    if (!st) co_return make_error_code(errc::refused);
+    const time_point give_up = st->now() + st->options.join_wait;
+    std::shared_ptr<round> r;
+    while (true) {
+        if (const auto it = st->rounds.find(begin.group); it != st->rounds.end())
+            r = it->second.lock();
+        if (r && !r->finished && !r->spans.empty()) break;
+        r.reset();
+        const time_point t = st->now();
+        if (t >= give_up) co_return make_error_code(errc::unknown_group);
+        timer_type timer(st->executor);
+        timer.expires_after(std::min<duration>(give_up - t, 100ms));
+        st->joiners.insert(&timer);
+        co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        st->joiners.erase(&timer);
+    }
+    if (auto ec = r->check_begin(begin, context.remote)) co_return ec;
+    co_return co_await round::serve_sender(r, begin, stream);
+}
+
 } // namespace hivemesh::averaging
 
 // Its two sides, after the struct whose members they define.

@@ -230,38 +230,4 @@ void tracker<Transport>::publish(const shared_ptr& st, const progress_record& re
     });
 }
 
-template <net::transport Transport>
-template <class Handler>
-void tracker<Transport>::shut(const shared_ptr& st, Handler handler) {
-    dht_node_type* dht = nullptr;
-    {
-        std::lock_guard lock(st->dht_mutex);
-        dht = std::exchange(st->dht, nullptr);
-    }
-    const time_point now = st->now();
-    time_point tombstone_expiration{};
-    {
-        std::lock_guard lock(st->mutex);
-        st->closed = true;
-        if (dht && st->last_publish && st->last_expiration > now)
-            tombstone_expiration = st->last_expiration + 1ns;
-    }
-    asio::post(st->executor, [st] {
-        st->publish_timer.cancel();
-        st->fetch_timer.cancel();
-        notify_waiters(*st);
-    });
-    if (tombstone_expiration == time_point{}) {
-        asio::post(st->executor, [handler = std::move(handler)]() mutable {
-            std::move(handler)(std::error_code{});
-        });
-        return;
-    }
-    dht::record tombstone{st->key_bytes, st->own_subkey, {}, tombstone_expiration, {}};
-    dht->async_store(std::move(tombstone), [handler = std::move(handler)](
-                                               std::error_code ec, dht::store_outcome) mutable {
-        std::move(handler)(ec);
-    });
-}
-
 } // namespace hivemesh::progress
