@@ -240,13 +240,10 @@ public:
     using timer_type = typename Transport::timer_type;
     using peer = peer_endpoint<endpoint_type>;
 
-    node(Transport& transport, crypto::identity identity, node_options options = {})
-        : state_(std::make_shared<state>(transport, std::move(identity), std::move(options))) {
-        asio::co_spawn(state_->executor, sweep_idle(state_), asio::detached);
-    }
+    node(Transport& transport, crypto::identity identity, node_options options = {});
     node(const node&) = delete;
     node& operator=(const node&) = delete;
-    ~node() { close(); }
+    ~node();
 
     const crypto::peer_id& id() const noexcept { return state_->identity.id(); }
     const crypto::identity& identity() const noexcept { return state_->identity; }
@@ -255,25 +252,15 @@ public:
     /// Starts accepting on `listener` (from the transport's listen()).
     /// A failed accept (e.g. out of file descriptors) is retried after a pause that doubles
     /// from 10 ms to 1 s while failures go on (counted in statistics()).
-    void serve(listener_type listener) {
-        auto shared = std::make_shared<listening>(std::move(listener), state_->executor);
-        state_->listeners.push_back(shared);
-        asio::co_spawn(state_->executor, accept_loop(state_, shared), asio::detached);
-    }
+    void serve(listener_type listener);
 
     /// The listeners' counters so far.
     node_statistics statistics() const noexcept { return state_->statistics; }
 
     /// Registers a handler; a name registered again replaces the old handler.
     /// Throws std::invalid_argument for a malformed method name.
-    void add_handler(const std::string& method, unary_handler handler) {
-        check_method(method);
-        state_->unary_handlers[method] = std::move(handler);
-    }
-    void add_stream_handler(const std::string& method, stream_handler handler) {
-        check_method(method);
-        state_->stream_handlers[method] = std::move(handler);
-    }
+    void add_handler(const std::string& method, unary_handler handler);
+    void add_stream_handler(const std::string& method, stream_handler handler);
 
     /// Calls `method` on `target` with `request`, within `timeout`.
     /// Completion: void(std::error_code, byte_buffer response). Errors: timeout, cancelled
@@ -311,22 +298,10 @@ public:
     };
 
     /// Every open connection with its counters.
-    std::vector<connection_info> connections() const {
-        std::vector<connection_info> out;
-        for (const auto& [id, list] : state_->connections)
-            for (const auto& pooled : list)
-                out.push_back(
-                    {id, pooled.connection->stream_count(), pooled.connection->statistics()});
-        return out;
-    }
+    std::vector<connection_info> connections() const;
 
     /// Number of open connections.
-    std::size_t connection_count() const {
-        std::size_t n = 0;
-        for (const auto& [id, list] : state_->connections)
-            n += list.size();
-        return n;
-    }
+    std::size_t connection_count() const;
 
     /// Stops listening, closes every connection and fails pending calls with
     /// connection_closed. Idempotent.
@@ -377,10 +352,7 @@ private:
     };
     using state_ptr = std::shared_ptr<state>;
 
-    static void check_method(const std::string& method) {
-        if (!is_valid_method(method))
-            throw std::invalid_argument("hivemesh: invalid RPC method name: " + method);
-    }
+    static void check_method(const std::string& method);
 
     // ---- connections (impl/node_connections.hpp) ------------------------------------
 

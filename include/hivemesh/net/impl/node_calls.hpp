@@ -1,10 +1,28 @@
-// The RPC node's calls: the caller's side of unary and streaming calls, and serving
-// incoming ones with their deadlines (included by net/node.hpp).
+// The RPC node's calls: its handlers, the caller's side of unary and streaming calls, and
+// serving incoming ones with their deadlines (included by net/node.hpp).
 #pragma once
 
 #include "hivemesh/net/node.hpp"
 
 namespace hivemesh::net {
+
+template <transport Transport>
+void node<Transport>::check_method(const std::string& method) {
+    if (!is_valid_method(method))
+        throw std::invalid_argument("hivemesh: invalid RPC method name: " + method);
+}
+
+template <transport Transport>
+void node<Transport>::add_handler(const std::string& method, unary_handler handler) {
+    check_method(method);
+    state_->unary_handlers[method] = std::move(handler);
+}
+
+template <transport Transport>
+void node<Transport>::add_stream_handler(const std::string& method, stream_handler handler) {
+    check_method(method);
+    state_->stream_handlers[method] = std::move(handler);
+}
 
 template <transport Transport>
 asio::awaitable<std::error_code> node<Transport>::open_call(peer target, std::string method,

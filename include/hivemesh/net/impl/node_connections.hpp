@@ -1,11 +1,46 @@
-// The RPC node's connection pool: dialing (one dial per peer at a time), accepting,
-// the secure handshake, least-recently-used eviction and the idle sweep (included by
-// net/node.hpp).
+// The RPC node's life and connection pool: construction, listening, dialing (one dial per
+// peer at a time), accepting, the secure handshake, least-recently-used eviction and the idle
+// sweep (included by net/node.hpp).
 #pragma once
 
 #include "hivemesh/net/node.hpp"
 
 namespace hivemesh::net {
+
+template <transport Transport>
+node<Transport>::node(Transport& transport, crypto::identity identity, node_options options)
+    : state_(std::make_shared<state>(transport, std::move(identity), std::move(options))) {
+    asio::co_spawn(state_->executor, sweep_idle(state_), asio::detached);
+}
+
+template <transport Transport>
+node<Transport>::~node() {
+    close();
+}
+
+template <transport Transport>
+void node<Transport>::serve(listener_type listener) {
+    auto shared = std::make_shared<listening>(std::move(listener), state_->executor);
+    state_->listeners.push_back(shared);
+    asio::co_spawn(state_->executor, accept_loop(state_, shared), asio::detached);
+}
+
+template <transport Transport>
+std::vector<typename node<Transport>::connection_info> node<Transport>::connections() const {
+    std::vector<connection_info> out;
+    for (const auto& [id, list] : state_->connections)
+        for (const auto& pooled : list)
+            out.push_back({id, pooled.connection->stream_count(), pooled.connection->statistics()});
+    return out;
+}
+
+template <transport Transport>
+std::size_t node<Transport>::connection_count() const {
+    std::size_t n = 0;
+    for (const auto& [id, list] : state_->connections)
+        n += list.size();
+    return n;
+}
 
 template <transport Transport>
 asio::awaitable<std::error_code> node<Transport>::connect(peer target) {
