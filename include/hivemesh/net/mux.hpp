@@ -15,6 +15,7 @@
 
 #include "hivemesh/core/async.hpp"
 #include "hivemesh/core/bytes.hpp"
+#include "hivemesh/core/config.hpp"
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/core/log.hpp"
 #include "hivemesh/crypto/peer_id.hpp"
@@ -105,13 +106,10 @@ public:
     /// `head_size` bytes and read the rest of it straight into the span `place` returns;
     /// `record` then views the head only and `placed` is the size of the rest (else 0).
     /// The default reads whole records.
-    virtual asio::awaitable<std::error_code> read_placed(byte_view& record,
-                                                         std::size_t /*head_size*/,
-                                                         const placement& /*place*/,
-                                                         std::size_t& placed) {
-        placed = 0;
-        co_return co_await read(record);
-    }
+    HIVEMESH_DECL virtual asio::awaitable<std::error_code> read_placed(byte_view& record,
+                                                                       std::size_t /*head_size*/,
+                                                                       const placement& /*place*/,
+                                                                       std::size_t& placed);
     /// Closes at once; pending reads and writes fail.
     virtual void close() noexcept = 0;
 };
@@ -182,44 +180,39 @@ public:
         : connection_(std::move(connection))
         , state_(std::move(state)) {}
     mux_stream(mux_stream&&) noexcept = default;
-    mux_stream& operator=(mux_stream&& other) noexcept {
-        if (this != &other) {
-            abandon();
-            connection_ = std::move(other.connection_);
-            state_ = std::move(other.state_);
-        }
-        return *this;
-    }
+    HIVEMESH_DECL mux_stream& operator=(mux_stream&& other) noexcept;
     ~mux_stream() { abandon(); }
 
     explicit operator bool() const noexcept { return state_ != nullptr; }
     std::uint32_t id() const noexcept { return state_->id; }
-    const crypto::peer_id& remote() const noexcept;
+    HIVEMESH_DECL const crypto::peer_id& remote() const noexcept;
 
     /// Sends one message; with `end_stream` it is the last. Completes once the message has
     /// been handed to the secure channel. Errors: message_too_large (over the peer's
     /// limit), connection_closed, the peer's reset code, invalid_argument after the end;
     /// cancellation of the awaiting coroutine resets the stream (errc::cancelled).
-    asio::awaitable<std::error_code> send(byte_buffer message, bool end_stream = false);
+    HIVEMESH_DECL asio::awaitable<std::error_code> send(byte_buffer message,
+                                                        bool end_stream = false);
     /// The same for a prefixed or shared message (see mux_message).
-    asio::awaitable<std::error_code> send(mux_message message, bool end_stream = false);
+    HIVEMESH_DECL asio::awaitable<std::error_code> send(mux_message message,
+                                                        bool end_stream = false);
 
     /// Ends our side without a message. Errors as send().
-    asio::awaitable<std::error_code> end();
+    HIVEMESH_DECL asio::awaitable<std::error_code> end();
 
     /// Receives the next message. Errors: asio::error::eof once the peer ended the stream,
     /// the peer's reset code, connection_closed; cancellation resets the stream.
-    asio::awaitable<std::error_code> receive(byte_buffer& message);
+    HIVEMESH_DECL asio::awaitable<std::error_code> receive(byte_buffer& message);
 
     /// Aborts both directions and tells the peer `code`.
-    void reset(errc code = errc::cancelled);
+    HIVEMESH_DECL void reset(errc code = errc::cancelled);
 
     /// Observes a stream without owning it: dropping a watcher never resets the stream.
     class watcher {
     public:
         /// Completes when the stream has ended both ways or was reset. One waiter at a time.
-        asio::awaitable<void> until_finished();
-        void reset(errc code);
+        HIVEMESH_DECL asio::awaitable<void> until_finished();
+        HIVEMESH_DECL void reset(errc code);
 
     private:
         friend class mux_stream;
@@ -234,7 +227,7 @@ public:
     }
 
 private:
-    void abandon() noexcept;
+    HIVEMESH_DECL void abandon() noexcept;
 
     std::shared_ptr<mux_connection> connection_;
     std::shared_ptr<detail::stream_state> state_;
@@ -249,54 +242,21 @@ public:
     /// Called once when the connection ends, with the reason.
     using closed_handler = std::function<void(std::error_code)>;
 
-    mux_connection(asio::any_io_executor ex, std::unique_ptr<detail::record_channel> channel,
-                   crypto::peer_id remote, bool we_dialed, mux_options options)
-        : ex_(std::move(ex))
-        , channel_(std::move(channel))
-        , remote_(remote)
-        , options_(options)
-        , next_local_id_(we_dialed ? 1 : 2)
-        , writer_wake_(ex_)
-        , placement_([this](byte_view head, std::size_t rest) { return place(head, rest); }) {}
+    HIVEMESH_DECL mux_connection(asio::any_io_executor ex,
+                                 std::unique_ptr<detail::record_channel> channel,
+                                 crypto::peer_id remote, bool we_dialed, mux_options options);
 
     mux_connection(const mux_connection&) = delete;
     mux_connection& operator=(const mux_connection&) = delete;
 
     /// Sends our settings (with `hello`, e.g. listen addresses) and starts reading and
     /// writing.
-    void start(byte_buffer hello, incoming_handler on_incoming, closed_handler on_closed) {
-        on_incoming_ = std::move(on_incoming);
-        on_closed_ = std::move(on_closed);
-        byte_buffer frame;
-        binary_writer w(frame);
-        write_settings_frame(w, {options_.initial_window, options_.max_streams,
-                                 options_.max_message_size, std::move(hello)});
-        control_.push_back(std::move(frame));
-        auto self = shared_from_this();
-        asio::co_spawn(
-            ex_, [self]() { return self->read_loop(); }, asio::detached);
-        asio::co_spawn(
-            ex_, [self]() { return self->write_loop(); }, asio::detached);
-    }
+    HIVEMESH_DECL void start(byte_buffer hello, incoming_handler on_incoming,
+                             closed_handler on_closed);
 
     /// Opens a stream, waiting while the peer's stream limit is reached. Errors:
     /// connection_closed; cancellation of the awaiting coroutine gives errc::cancelled.
-    asio::awaitable<std::error_code> open(mux_stream& out) {
-        while (!closed_ && local_streams_ >= peer_.max_streams) {
-            const std::error_code cancelled = co_await wait_in(open_waiters_);
-            if (cancelled) co_return cancelled;
-        }
-        if (closed_) co_return errc::connection_closed;
-        const std::uint32_t id = next_local_id_;
-        next_local_id_ += 2;
-        auto state = std::make_shared<detail::stream_state>(ex_, id, peer_.initial_window);
-        streams_.emplace(id, state);
-        ++local_streams_;
-        ++activity_;
-        ++stats_.streams_opened;
-        out = mux_stream(shared_from_this(), std::move(state));
-        co_return std::error_code{};
-    }
+    HIVEMESH_DECL asio::awaitable<std::error_code> open(mux_stream& out);
 
     /// Ends every stream with connection_closed and closes the channel.
     void close() { fail(errc::connection_closed); }
@@ -320,511 +280,96 @@ private:
 
     // ---- sending -------------------------------------------------------------------
 
-    asio::awaitable<std::error_code> send(const stream_ptr& s, mux_message message, bool end_stream,
-                                          bool bare = false) {
-        // After the peer's clean end it reads nothing more: a send can only be cancelled.
-        if (s->finished && !s->failure && !s->send_failure) s->send_failure = errc::cancelled;
-        if (s->failure) co_return s->failure;
-        if (s->send_failure) co_return s->send_failure;
-        if (s->local_ended) co_return errc::invalid_argument;
-        // The peer's real limit comes with its settings; only a message above the protocol
-        // default has to wait for them.
-        while (!settings_received_ && !closed_ && message.size() > peer_.max_message_size) {
-            const std::error_code cancelled = co_await wait_in(settings_waiters_);
-            if (cancelled) co_return cancelled;
-        }
-        if (s->failure) co_return s->failure;
-        if (message.size() > peer_.max_message_size) co_return errc::message_too_large;
-        s->local_ended = end_stream;
-        s->outbox.push_back({std::move(message), 0, end_stream, bare});
-        const std::uint64_t mine = ++s->messages_queued;
-        make_ready(s);
-        while (!s->failure && !s->send_failure && s->messages_written < mine) {
-            const std::error_code cancelled = co_await s->writable.wait();
-            if (cancelled) {
-                reset(s, errc::cancelled);
-                co_return errc::cancelled;
-            }
-        }
-        if (s->messages_written >= mine) co_return std::error_code{};
-        co_return s->failure ? s->failure : s->send_failure;
-    }
+    HIVEMESH_DECL asio::awaitable<std::error_code> send(const stream_ptr& s, mux_message message,
+                                                        bool end_stream, bool bare = false);
 
-    void make_ready(const stream_ptr& s) {
-        if (s->in_ready_list || s->outbox.empty() || s->failure) return;
-        // A zero-length message needs no window; anything else waits for credit.
-        const auto& front = s->outbox.front();
-        if (s->send_window <= 0 && front.offset < front.message.size()) return;
-        s->in_ready_list = true;
-        ready_.push_back(s);
-        writer_wake_.notify();
-    }
+    HIVEMESH_DECL void make_ready(const stream_ptr& s);
 
-    asio::awaitable<void> write_loop() {
-        auto self = shared_from_this(); // keeps the connection while the loop runs
-        std::vector<byte_buffer> heads; // control frames whole, data frame headers
-        std::vector<byte_view> head_views, bodies;
-        std::vector<stream_ptr> completed;
-        while (!closed_) {
-            if (control_.empty() && ready_.empty()) {
-                co_await writer_wake_.wait();
-                continue;
-            }
-            heads.clear();
-            bodies.clear();
-            completed.clear();
-            std::size_t batch = 0;
-            while (!control_.empty()) {
-                batch += control_.front().size();
-                heads.push_back(std::move(control_.front()));
-                bodies.emplace_back();
-                control_.pop_front();
-            }
-            while (!ready_.empty() && batch < options_.max_batch_bytes) {
-                stream_ptr s = std::move(ready_.front());
-                ready_.pop_front();
-                s->in_ready_list = false;
-                if (s->failure || s->outbox.empty()) continue;
-                batch += take_frame(s, heads, bodies, completed);
-                make_ready(s);
-            }
-            head_views.assign(heads.begin(), heads.end());
-            const std::error_code ec = co_await channel_->write(head_views, bodies);
-            retired_.clear(); // the write no longer views them
-            if (ec) {
-                fail(ec);
-                break;
-            }
-            for (const auto& s : completed) {
-                ++s->messages_written;
-                s->writable.notify();
-            }
-        }
-    }
+    HIVEMESH_DECL asio::awaitable<void> write_loop();
 
     /// Cuts the next data frame from `s`: its header into `heads`, a view of the message
     /// into `bodies`. Returns the frame's size.
-    std::size_t take_frame(const stream_ptr& s, std::vector<byte_buffer>& heads,
-                           std::vector<byte_view>& bodies, std::vector<stream_ptr>& completed) {
-        auto& out = s->outbox.front();
-        const std::size_t lead = out.message.prefix ? 1 : 0;
-        const std::size_t remaining = out.message.size() - out.offset;
-        const std::size_t chunk = std::min<std::size_t>(
-            {remaining, options_.frame_payload,
-             static_cast<std::size_t>(std::max<std::int64_t>(s->send_window, 0))});
-        const bool last = chunk == remaining;
-        std::uint8_t flags = 0;
-        if (!s->open_sent) flags |= frame_flags::open;
-        if (last && !out.bare) flags |= frame_flags::end_message;
-        if (last && out.end_stream) flags |= frame_flags::end_stream;
-        s->open_sent = true;
+    HIVEMESH_DECL std::size_t take_frame(const stream_ptr& s, std::vector<byte_buffer>& heads,
+                                         std::vector<byte_view>& bodies,
+                                         std::vector<stream_ptr>& completed);
 
-        byte_buffer head;
-        head.reserve(detail::data_header_size + 1);
-        binary_writer w(head);
-        write_data_header(w, s->id, flags);
-        // The frame carries bytes [offset, offset + chunk) of prefix + body: the prefix
-        // travels in the head.
-        std::size_t from = out.offset;
-        if (from < lead && chunk > 0) {
-            head.push_back(*out.message.prefix);
-            ++from;
-        }
-        heads.push_back(std::move(head));
-        bodies.push_back(out.message.body_view().subspan(from - lead, out.offset + chunk - from));
-        out.offset += chunk;
-        s->send_window -= static_cast<std::int64_t>(chunk);
-        stats_.payload_sent += chunk;
-        if (last) {
-            const bool ended = out.end_stream;
-            retired_.push_back(std::move(out.message)); // viewed until the write completes
-            s->outbox.pop_front();
-            completed.push_back(s);
-            if (ended) maybe_finish(s);
-        }
-        return detail::data_header_size + chunk;
-    }
-
-    void queue_control(byte_buffer frame) {
-        control_.push_back(std::move(frame));
-        writer_wake_.notify();
-    }
+    HIVEMESH_DECL void queue_control(byte_buffer frame);
 
     // ---- receiving -----------------------------------------------------------------
 
-    asio::awaitable<void> read_loop() {
-        auto self = shared_from_this();
-        frame f;
-        while (!closed_) {
-            byte_view record;
-            std::size_t placed = 0;
-            const auto read = co_await channel_->read_placed(record, detail::data_header_size,
-                                                             placement_, placed);
-            // place() may have chosen a stream whose message the read was filling.
-            const stream_ptr landed = std::exchange(landing_, nullptr);
-            if (landed && landed->finished) landed->drop_partial();
-            if (read) {
-                fail(read == asio::error::eof ? make_error_code(errc::connection_closed) : read);
-                break;
-            }
-            if (closed_) break;
-            if (auto ec = decode_frame(record, f, options_.frame_payload)) {
-                log::warning("mux", "protocol violation from ", remote_.short_string(), ": ",
-                             ec.message());
-                fail(ec);
-                break;
-            }
-            // A placed frame's payload is in its stream already (unless the stream ended).
-            auto ec = placed == 0        ? dispatch(f)
-                      : landed->finished ? std::error_code{}
-                                         : end_frame(landed, f.flags, placed);
-            if (ec) {
-                log::warning("mux", "protocol violation from ", remote_.short_string(), ": ",
-                             ec.message());
-                fail(ec);
-                break;
-            }
-        }
-    }
+    HIVEMESH_DECL asio::awaitable<void> read_loop();
 
-    std::error_code dispatch(frame& f) {
-        switch (f.type) {
-        case frame_type::settings:
-            return on_settings(f.settings);
-        case frame_type::data:
-            return on_data(f);
-        case frame_type::window:
-            if (auto s = find(f.stream)) {
-                s->send_window += f.value;
-                if (s->send_window > std::int64_t{1} << 32) return errc::protocol_violation;
-                make_ready(s);
-            }
-            return {};
-        case frame_type::reset:
-            if (auto s = find(f.stream)) {
-                if (f.value == 0) { // the peer is done: it reads nothing more, sends nothing more
-                    if (s->filled != 0) return errc::protocol_violation;
-                    s->remote_ended = true;
-                    finish(s, {});
-                    return {};
-                }
-                const auto code = static_cast<errc>(f.value);
-                const bool known =
-                    f.value >= 1 && f.value <= static_cast<std::uint32_t>(errc::remote_error);
-                finish(s, known ? make_error_code(code) : make_error_code(errc::remote_error));
-            }
-            return {};
-        case frame_type::ping: {
-            byte_buffer pong;
-            binary_writer w(pong);
-            write_ping_frame(w, frame_type::pong, f.token);
-            queue_control(std::move(pong));
-            return {};
-        }
-        case frame_type::pong:
-        case frame_type::goaway:
-            return {};
-        }
-        return errc::protocol_violation;
-    }
+    HIVEMESH_DECL std::error_code dispatch(frame& f);
 
-    std::error_code on_settings(mux_settings& settings) {
-        if (settings_received_) return errc::protocol_violation;
-        if (settings.initial_window == 0 || settings.max_streams == 0 ||
-            settings.max_message_size == 0)
-            return errc::protocol_violation;
-        settings_received_ = true;
-        const std::int64_t delta = std::int64_t{settings.initial_window} - peer_.initial_window;
-        peer_ = std::move(settings);
-        for (auto& [id, s] : streams_) { // their windows started from the default
-            s->send_window += delta;
-            make_ready(s);
-        }
-        wake_openers();
-        wake_all(settings_waiters_);
-        return {};
-    }
+    HIVEMESH_DECL std::error_code on_settings(mux_settings& settings);
 
-    std::error_code on_data(const frame& f) {
-        stream_ptr s = find(f.stream);
-        if (!s) {
-            if (is_ours(f.stream)) // a stream we opened and already finished, or never opened
-                return f.stream < next_local_id_ ? std::error_code{} : errc::protocol_violation;
-            // Streams need not open in id order (a stream's first frame may wait for
-            // window or settings): without the open flag this is late data for a stream
-            // that already finished here, and is dropped.
-            if ((f.flags & frame_flags::open) == 0) return {};
-            if (remote_streams_ >= options_.max_streams) {
-                queue_reset(f.stream, errc::refused);
-                return {};
-            }
-            s = std::make_shared<detail::stream_state>(ex_, f.stream, peer_.initial_window);
-            s->open_sent = true; // the peer opened it: our frames carry no open flag
-            streams_.emplace(f.stream, s);
-            ++remote_streams_;
-            ++activity_;
-            ++stats_.streams_opened;
-            if (on_incoming_) on_incoming_(mux_stream(shared_from_this(), s));
-        } else if (f.flags & frame_flags::open) {
-            return errc::protocol_violation;
-        }
-        if (s->remote_ended) return errc::protocol_violation;
-
-        s->received += f.payload.size();
-        if (s->received - s->credited > options_.initial_window) return errc::protocol_violation;
-        if (s->filled + f.payload.size() > options_.max_message_size) {
-            reset(s, errc::message_too_large);
-            return {};
-        }
-        make_room(s, f.flags, f.payload.size());
-        const auto room = extend(s, f.payload.size());
-        std::copy(f.payload.begin(), f.payload.end(), room.begin());
-        count_buffered(f.payload.size());
-        return end_frame(s, f.flags, f.payload.size());
-    }
+    HIVEMESH_DECL std::error_code on_data(const frame& f);
 
     /// The read loop's placement: the payload of a data frame for a stream that has a
     /// message under way, or whose message is not its first frame, goes straight to the
     /// end of that message. Declines (the frame then takes the usual path, which refuses
     /// it if it must) whatever on_data would not simply append.
-    std::span<std::byte> place(byte_view head, std::size_t rest) {
-        frame f;
-        if (closed_ || landing_ || decode_frame(head, f, options_.frame_payload) ||
-            f.type != frame_type::data || (f.flags & frame_flags::open) != 0 ||
-            rest > options_.frame_payload)
-            return {};
-        const stream_ptr s = find(f.stream);
-        if (!s || s->remote_ended || s->received + rest - s->credited > options_.initial_window ||
-            s->filled + rest > options_.max_message_size)
-            return {};
-        // Counted as received and buffered from now on, as on_data does after its copy.
-        s->received += rest;
-        make_room(s, f.flags, rest);
-        count_buffered(rest);
-        landing_ = s;
-        return extend(s, rest);
-    }
+    HIVEMESH_DECL std::span<std::byte> place(byte_view head, std::size_t rest);
 
     /// The next `n` bytes of `s`'s message, to be written. Storage reused from an earlier
     /// message is written over, not zero-filled first: only growth past it is.
-    static std::span<std::byte> extend(const stream_ptr& s, std::size_t n) {
-        const std::size_t offset = s->filled;
-        if (s->partial.size() < offset + n) s->partial.resize(offset + n);
-        s->filled += n;
-        return std::span(s->partial).subspan(offset, n);
-    }
+    HIVEMESH_DECL static std::span<std::byte> extend(const stream_ptr& s, std::size_t n);
 
     /// A message in several frames is probably as large as the last such one (a bulk
     /// transfer's parts): room for it at once saves regrowing copies. At most a window,
     /// so a stream never holds more than its window ahead.
-    void make_room(const stream_ptr& s, std::uint8_t flags, std::size_t frame_size) {
-        if (s->filled != 0 || (flags & frame_flags::end_message) != 0) return;
-        const std::size_t size =
-            std::clamp<std::size_t>(s->last_size, frame_size, options_.initial_window);
-        const auto fits =
-            std::find_if(spares_.begin(), spares_.end(),
-                         [size](const byte_buffer& b) { return b.capacity() >= size; });
-        if (fits != spares_.end()) {
-            s->partial = std::move(*fits);
-            spares_.erase(fits);
-            ++stats_.landings_reused;
-        }
-        s->partial.reserve(size);
-    }
+    HIVEMESH_DECL void make_room(const stream_ptr& s, std::uint8_t flags, std::size_t frame_size);
 
     /// Keeps the storage of the message the application read before (at most a window of
     /// it) to land a later one in, on any stream of the connection: a bulk transfer's parts
     /// would otherwise each take a fresh allocation, which glibc may map and page-fault in
     /// anew. Its bytes stay (see extend()).
-    void keep_spare(byte_buffer& previous) {
-        if (previous.capacity() < options_.frame_payload ||
-            previous.capacity() > options_.initial_window)
-            return;
-        if (spares_.size() == max_spares) spares_.erase(spares_.begin()); // the oldest
-        spares_.push_back(std::move(previous));
-    }
+    HIVEMESH_DECL void keep_spare(byte_buffer& previous);
 
-    void count_buffered(std::size_t bytes) {
-        buffered_ += bytes;
-        stats_.payload_received += bytes;
-        stats_.peak_buffered = std::max(stats_.peak_buffered, buffered_);
-    }
+    HIVEMESH_DECL void count_buffered(std::size_t bytes);
 
     /// After a data frame's `frame_size` payload bytes were appended to `s->partial`.
-    std::error_code end_frame(const stream_ptr& s, std::uint8_t flags, std::size_t frame_size) {
-        if (flags & frame_flags::end_message) {
-            s->partial.resize(s->filled); // drops stale bytes; never writes
-            if (s->partial.size() > frame_size) {
-                s->last_size = s->partial.size();
-                // A smaller message than guessed gives the room back rather than hold it.
-                if (s->partial.capacity() > 2 * s->partial.size()) s->partial.shrink_to_fit();
-            }
-            s->inbox_bytes += s->partial.size();
-            s->inbox.push_back(std::move(s->partial));
-            s->partial = {};
-            s->filled = 0;
-        }
-        if (flags & frame_flags::end_stream) {
-            if (s->filled != 0) return errc::protocol_violation; // ended mid-message
-            s->remote_ended = true;
-            maybe_finish(s);
-        }
-        s->readable.notify();
-        credit(s);
-        return {};
-    }
+    HIVEMESH_DECL std::error_code end_frame(const stream_ptr& s, std::uint8_t flags,
+                                            std::size_t frame_size);
 
     /// Credits back what the application consumed and, while nothing waits ahead of it,
     /// the message being assembled.
-    void credit(const stream_ptr& s) {
-        if (s->remote_ended || s->failure) return;
-        const std::uint64_t uncredited = s->received - s->credited;
-        std::uint64_t hold = s->inbox_bytes;
-        if (!s->inbox.empty() || buffered_ > options_.max_buffered_bytes) hold += s->filled;
-        if (uncredited <= hold) return;
-        const std::uint64_t amount = uncredited - hold;
-        // Small credits are batched; a stalled sender always gets at least a quarter window.
-        if (amount < options_.initial_window / 4 && uncredited < options_.initial_window) return;
-        s->credited += amount;
-        byte_buffer frame;
-        binary_writer w(frame);
-        write_window_frame(w, s->id, static_cast<std::uint32_t>(amount));
-        queue_control(std::move(frame));
-    }
+    HIVEMESH_DECL void credit(const stream_ptr& s);
 
-    asio::awaitable<std::error_code> receive(const stream_ptr& s, byte_buffer& message) {
-        while (s->inbox.empty()) {
-            if (s->failure) co_return s->failure;
-            if (s->remote_ended) co_return asio::error::eof;
-            const std::error_code cancelled = co_await s->readable.wait();
-            if (cancelled) {
-                reset(s, errc::cancelled);
-                co_return errc::cancelled;
-            }
-        }
-        keep_spare(message);
-        message = std::move(s->inbox.front());
-        s->inbox.pop_front();
-        s->inbox_bytes -= message.size();
-        buffered_ -= message.size();
-        credit(s);
-        co_return std::error_code{};
-    }
+    HIVEMESH_DECL asio::awaitable<std::error_code> receive(const stream_ptr& s,
+                                                           byte_buffer& message);
 
     // ---- stream and connection lifetime --------------------------------------------
 
     /// Whether we opened stream `id`: ours all share the parity of next_local_id_.
     bool is_ours(std::uint32_t id) const noexcept { return (id & 1u) == (next_local_id_ & 1u); }
 
-    stream_ptr find(std::uint32_t id) const {
-        const auto it = streams_.find(id);
-        return it == streams_.end() ? nullptr : it->second;
-    }
+    HIVEMESH_DECL stream_ptr find(std::uint32_t id) const;
 
     /// A stream both sides ended leaves the connection.
-    void maybe_finish(const stream_ptr& s) {
-        if (s->local_ended && s->outbox.empty() && s->remote_ended) finish(s, {});
-    }
+    HIVEMESH_DECL void maybe_finish(const stream_ptr& s);
 
     /// Our side has sent everything and wants nothing more: the peer keeps what it
     /// received (a reset with code 0) and the stream leaves both sides.
-    void stop(const stream_ptr& s) {
-        if (s->finished) return;
-        if (!closed_) queue_reset(s->id, errc{});
-        finish(s, {});
-    }
+    HIVEMESH_DECL void stop(const stream_ptr& s);
 
-    void queue_reset(std::uint32_t id, errc code) {
-        byte_buffer frame;
-        binary_writer w(frame);
-        write_reset_frame(w, id, static_cast<std::uint16_t>(code));
-        queue_control(std::move(frame));
-    }
+    HIVEMESH_DECL void queue_reset(std::uint32_t id, errc code);
 
-    void reset(const stream_ptr& s, errc code) {
-        if (s->finished) return;
-        if (!closed_) queue_reset(s->id, code);
-        finish(s, code);
-    }
+    HIVEMESH_DECL void reset(const stream_ptr& s, errc code);
 
     /// Removes `s` from the connection; a set `failure` ends it for the application too.
-    void finish(const stream_ptr& s, std::error_code failure) {
-        if (s->finished) return;
-        s->finished = true;
-        if (failure && !s->failure) s->failure = failure;
-        // Unsent messages are cancelled; received ones stay readable after a clean finish
-        // (the peer may end while our own end-of-stream is still queued).
-        if (!s->failure && !s->outbox.empty()) s->send_failure = errc::cancelled;
-        buffered_ -= s->filled;
-        if (s->failure) {
-            buffered_ -= s->inbox_bytes;
-            s->inbox.clear();
-            s->inbox_bytes = 0;
-        }
-        for (auto& out : s->outbox) // a write in flight may view the one being sent
-            retired_.push_back(std::move(out.message));
-        s->outbox.clear();
-        if (s != landing_) s->drop_partial(); // else a read is filling it: the loop drops it
-        streams_.erase(s->id);
-        ++activity_;
-        if (is_ours(s->id)) {
-            --local_streams_;
-            wake_openers();
-        } else {
-            --remote_streams_;
-        }
-        s->readable.notify();
-        s->writable.notify();
-        s->finished_signal.notify();
-    }
+    HIVEMESH_DECL void finish(const stream_ptr& s, std::error_code failure);
 
     /// Waits in `waiters` until notified; errc::cancelled (and out of the queue) if the
     /// awaiting coroutine is cancelled first.
-    asio::awaitable<std::error_code>
-    wait_in(std::deque<std::shared_ptr<hivemesh::wakeup>>& waiters) {
-        auto waiter = std::make_shared<hivemesh::wakeup>(ex_);
-        waiters.push_back(waiter);
-        const std::error_code cancelled = co_await waiter->wait();
-        if (!cancelled) co_return std::error_code{};
-        std::erase(waiters, waiter);
-        co_return errc::cancelled;
-    }
+    HIVEMESH_DECL asio::awaitable<std::error_code>
+    wait_in(std::deque<std::shared_ptr<hivemesh::wakeup>>& waiters);
 
-    static void wake_all(std::deque<std::shared_ptr<hivemesh::wakeup>>& waiters) {
-        for (auto& waiter : waiters)
-            waiter->notify();
-        waiters.clear();
-    }
+    HIVEMESH_DECL static void wake_all(std::deque<std::shared_ptr<hivemesh::wakeup>>& waiters);
 
-    void wake_openers() {
-        std::uint32_t free =
-            peer_.max_streams > local_streams_ ? peer_.max_streams - local_streams_ : 0;
-        while (free-- > 0 && !open_waiters_.empty()) {
-            open_waiters_.front()->notify();
-            open_waiters_.pop_front();
-        }
-    }
+    HIVEMESH_DECL void wake_openers();
 
-    void fail(std::error_code reason) {
-        if (closed_) return;
-        closed_ = true;
-        close_reason_ = reason;
-        const std::error_code stream_error =
-            reason == errc::connection_closed ? reason : make_error_code(errc::connection_closed);
-        for (auto streams = streams_; auto& [id, s] : streams)
-            finish(s, stream_error);
-        ready_.clear();
-        control_.clear();
-        wake_all(open_waiters_);
-        wake_all(settings_waiters_);
-        channel_->close();
-        writer_wake_.notify();
-        if (on_closed_) {
-            auto handler = std::move(on_closed_);
-            handler(reason);
-        }
-        on_incoming_ = nullptr;
-    }
+    HIVEMESH_DECL void fail(std::error_code reason);
 
     asio::any_io_executor ex_;
     std::unique_ptr<detail::record_channel> channel_;
@@ -861,60 +406,8 @@ private:
     stream_ptr landing_; ///< the stream a read is placing payload into, if any
 };
 
-inline const crypto::peer_id& mux_stream::remote() const noexcept {
-    return connection_->remote();
-}
-
-inline asio::awaitable<std::error_code> mux_stream::send(byte_buffer message, bool end_stream) {
-    mux_message whole{std::nullopt, std::move(message), nullptr}; // named: see CONTRIBUTING.md
-    co_return co_await send(std::move(whole), end_stream);
-}
-
-inline asio::awaitable<std::error_code> mux_stream::send(mux_message message, bool end_stream) {
-    if (!state_) co_return errc::invalid_argument;
-    co_return co_await connection_->send(state_, std::move(message), end_stream);
-}
-
-inline asio::awaitable<std::error_code> mux_stream::receive(byte_buffer& message) {
-    if (!state_) co_return errc::invalid_argument;
-    co_return co_await connection_->receive(state_, message);
-}
-
-inline asio::awaitable<std::error_code> mux_stream::end() {
-    if (!state_) co_return errc::invalid_argument;
-    mux_message nothing;
-    co_return co_await connection_->send(state_, std::move(nothing), true, true);
-}
-
-inline void mux_stream::reset(errc code) {
-    if (state_) connection_->reset(state_, code);
-}
-
-inline asio::awaitable<void> mux_stream::watcher::until_finished() {
-    while (!state_->finished) {
-        const std::error_code cancelled = co_await state_->finished_signal.wait();
-        if (cancelled) co_return;
-    }
-}
-
-inline void mux_stream::watcher::reset(errc code) {
-    connection_->reset(state_, code);
-}
-
-inline void mux_stream::abandon() noexcept {
-    if (!state_) return;
-    if (!state_->finished) {
-        try {
-            // Everything sent: stop quietly, so the peer still reads what we sent.
-            if (state_->local_ended && state_->outbox.empty())
-                connection_->stop(state_);
-            else
-                connection_->reset(state_, errc::cancelled);
-        } catch (...) { // a failed allocation for the reset frame: the peer times out
-        }
-    }
-    state_.reset();
-    connection_.reset();
-}
-
 } // namespace hivemesh::net
+
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/net/impl/mux.ipp"
+#endif

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "hivemesh/core/clock.hpp"
+#include "hivemesh/core/config.hpp"
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/crypto/peer_id.hpp"
 #include "hivemesh/net/address.hpp"
@@ -39,43 +40,17 @@ namespace hivemesh::net::tcp {
 
 /// Sets the options every hivemesh TCP connection uses (TCP_NODELAY; see the top of this
 /// file for what is left alone and why). Returns the error of the failing option.
-inline std::error_code apply_connection_options(asio::ip::tcp::socket& socket) {
-    std::error_code ec;
-    socket.set_option(asio::ip::tcp::no_delay(true), ec);
-    return ec;
-}
+HIVEMESH_DECL std::error_code apply_connection_options(asio::ip::tcp::socket& socket);
 
 /// The endpoint of an ip4 or ip6 address (its peer id, if any, is not part of it).
 /// nullopt for dns and sim addresses, which need a resolver or the simulated network, and
 /// for hosts that are not valid (see peer_address::is_valid()).
-inline std::optional<asio::ip::tcp::endpoint> to_endpoint(const peer_address& address) {
-    using protocol = peer_address::protocol;
-    if (address.proto != protocol::ip4 && address.proto != protocol::ip6) return std::nullopt;
-    if (!address.is_valid()) return std::nullopt; // e.g. an IPv6 zone, which Asio would take
-    std::error_code ec;
-    const asio::ip::address ip =
-        address.proto == protocol::ip4
-            ? asio::ip::address(asio::ip::make_address_v4(address.host, ec))
-            : asio::ip::address(asio::ip::make_address_v6(address.host, ec));
-    if (ec) return std::nullopt;
-    return asio::ip::tcp::endpoint(ip, address.port);
-}
+HIVEMESH_DECL std::optional<asio::ip::tcp::endpoint> to_endpoint(const peer_address& address);
 
 /// The address of `endpoint`, naming `peer` if given. An IPv4-mapped IPv6 address becomes
 /// ip4; an IPv6 zone (scope id) is dropped, since the text form has none.
-inline peer_address to_address(const asio::ip::tcp::endpoint& endpoint,
-                               std::optional<crypto::peer_id> peer = std::nullopt) {
-    const asio::ip::address ip = endpoint.address();
-    if (ip.is_v4())
-        return {peer_address::protocol::ip4, ip.to_v4().to_string(), endpoint.port(), peer};
-    const asio::ip::address_v6 v6 = ip.to_v6();
-    if (v6.is_v4_mapped())
-        return {peer_address::protocol::ip4,
-                asio::ip::make_address_v4(asio::ip::v4_mapped, v6).to_string(), endpoint.port(),
-                peer};
-    return {peer_address::protocol::ip6, asio::ip::address_v6(v6.to_bytes()).to_string(),
-            endpoint.port(), peer};
-}
+HIVEMESH_DECL peer_address to_address(const asio::ip::tcp::endpoint& endpoint,
+                                      std::optional<crypto::peer_id> peer = std::nullopt);
 
 namespace detail {
 
@@ -85,12 +60,7 @@ static_assert(std::is_same_v<std::chrono::steady_clock::duration, hivemesh::dura
 
 /// `timeout` from now; saturates at the end of time instead of overflowing, and is `now`
 /// (already expired) for zero or negative timeouts.
-inline steady_time deadline_after(hivemesh::duration timeout) noexcept {
-    const steady_time now = std::chrono::steady_clock::now();
-    if (timeout <= hivemesh::duration::zero()) return now;
-    if (timeout >= steady_time::max() - now) return steady_time::max();
-    return now + timeout;
-}
+HIVEMESH_DECL steady_time deadline_after(hivemesh::duration timeout) noexcept;
 
 /// What a dial produces. The socket is always engaged when the coroutine returns; it is
 /// optional only because co_spawn needs a default-constructible result.
@@ -136,9 +106,7 @@ public:
         : dial_strand_(std::move(dial_strand))
         , dial_signal_(std::move(dial_signal)) {}
 
-    void operator()(asio::cancellation_type type) {
-        asio::dispatch(dial_strand_, [signal = dial_signal_, type] { signal->emit(type); });
-    }
+    HIVEMESH_DECL void operator()(asio::cancellation_type type);
 
 private:
     asio::any_io_executor dial_strand_;
@@ -170,27 +138,13 @@ private:
     Handler handler_;
 };
 
-inline asio::awaitable<bool> cancellation_requested() {
-    co_return (co_await asio::this_coro::cancellation_state).cancelled() !=
-        asio::cancellation_type::none;
-}
+HIVEMESH_DECL asio::awaitable<bool> cancellation_requested();
 
 /// Connects `socket` to `target` unless `deadline` expires first. The timer keeps its
 /// expiry, so one timer bounds a whole sequence of steps.
-inline asio::awaitable<std::error_code> connect_before(asio::ip::tcp::socket& socket,
-                                                       asio::ip::tcp::endpoint target,
-                                                       asio::steady_timer& deadline) {
-    namespace ex = asio::experimental;
-    // Whichever finishes first cancels the other, and the group completes only once both
-    // have, so nothing is left running that refers to the socket or the timer.
-    auto [order, connect_ec, timer_ec] =
-        co_await ex::make_parallel_group(socket.async_connect(target, ex::deferred),
-                                         deadline.async_wait(ex::deferred))
-            .async_wait(ex::wait_for_one(), asio::use_awaitable);
-    if (!connect_ec) co_return std::error_code{}; // connected, even if the deadline hit too
-    if (order[0] == 1 && !timer_ec) co_return asio::error::timed_out;
-    co_return connect_ec; // refused, unreachable, ..., or operation_aborted if cancelled
-}
+HIVEMESH_DECL asio::awaitable<std::error_code> connect_before(asio::ip::tcp::socket& socket,
+                                                              asio::ip::tcp::endpoint target,
+                                                              asio::steady_timer& deadline);
 
 /// Tries `targets` in order until one connects, the deadline passes or the dial is
 /// cancelled. Each attempt gets a fresh socket: a failed connect leaves a socket unusable.
@@ -219,15 +173,9 @@ asio::awaitable<dial_outcome> connect_first(asio::any_io_executor socket_executo
 }
 
 /// Dials one endpoint before `deadline`. Runs on a private strand.
-inline asio::awaitable<dial_outcome> dial_endpoint(asio::any_io_executor socket_executor,
-                                                   asio::ip::tcp::endpoint target,
-                                                   steady_time deadline) {
-    if (deadline <= std::chrono::steady_clock::now())
-        co_return dial_outcome{asio::error::timed_out, asio::ip::tcp::socket(socket_executor)};
-    asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
-    const asio::ip::tcp::endpoint targets[] = {target};
-    co_return co_await connect_first(socket_executor, std::span(targets), timer);
-}
+HIVEMESH_DECL asio::awaitable<dial_outcome> dial_endpoint(asio::any_io_executor socket_executor,
+                                                          asio::ip::tcp::endpoint target,
+                                                          steady_time deadline);
 
 /// The state a DNS lookup shares with its completion handler, which may outlive the dial:
 /// getaddrinfo cannot be interrupted, so a dial that gives up leaves it to finish alone.
@@ -242,64 +190,14 @@ struct pending_lookup {
 
 /// Dials a peer address before `deadline`: ip4 and ip6 directly, dns through an
 /// asynchronous lookup bounded by the same deadline. Runs on a private strand.
-inline asio::awaitable<dial_outcome> dial_address(asio::any_io_executor socket_executor,
-                                                  peer_address target, steady_time deadline) {
-    const auto fail = [&](std::error_code ec) {
-        return dial_outcome{ec, asio::ip::tcp::socket(socket_executor)};
-    };
-    if (target.proto == peer_address::protocol::sim || !target.is_valid())
-        co_return fail(errc::invalid_argument);
-    if (deadline <= std::chrono::steady_clock::now()) co_return fail(asio::error::timed_out);
-
-    const auto strand = co_await asio::this_coro::executor;
-    asio::steady_timer timer(strand, deadline);
-    if (target.proto != peer_address::protocol::dns) {
-        const auto endpoint = to_endpoint(target);
-        if (!endpoint) co_return fail(errc::invalid_argument);
-        const asio::ip::tcp::endpoint targets[] = {*endpoint};
-        co_return co_await connect_first(socket_executor, std::span(targets), timer);
-    }
-
-    // The resolver and its handler run on this strand, so `lookup` needs no lock.
-    auto lookup = std::make_shared<pending_lookup>();
-    lookup->waiting_dialer = &timer;
-    asio::ip::tcp::resolver resolver(strand);
-    resolver.async_resolve(target.host, std::to_string(target.port),
-                           asio::ip::resolver_base::numeric_service,
-                           [lookup](std::error_code ec, asio::ip::tcp::resolver::results_type r) {
-                               lookup->answered = true;
-                               lookup->ec = ec;
-                               lookup->results = std::move(r);
-                               if (lookup->waiting_dialer) lookup->waiting_dialer->cancel();
-                           });
-    // Wakes when the lookup answers (it cancels this wait), the deadline passes, or the
-    // dial is cancelled.
-    auto [wait_ec] = co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-    lookup->waiting_dialer = nullptr;
-    if (!lookup->answered) {
-        resolver.cancel(); // best effort: a lookup already under way finishes unobserved
-        co_return fail(wait_ec ? std::error_code(asio::error::operation_aborted)
-                               : std::error_code(asio::error::timed_out));
-    }
-    if (lookup->ec) co_return fail(lookup->ec);
-    co_return co_await connect_first(socket_executor, std::move(lookup->results), timer);
-}
+HIVEMESH_DECL asio::awaitable<dial_outcome> dial_address(asio::any_io_executor socket_executor,
+                                                         peer_address target, steady_time deadline);
 
 /// The body every dial runs in. Every cancellation type is honoured (a dial that stops has
 /// no effect the caller could see), cancellation is reported as operation_aborted rather
 /// than thrown, and a cancellation that arrived before the start stops the dial at once.
-inline asio::awaitable<dial_outcome> run_dial(asio::any_io_executor socket_executor,
-                                              asio::awaitable<dial_outcome> dial) {
-    // Must come first: co_awaiting a coroutine in a cancelled frame would otherwise throw.
-    co_await asio::this_coro::throw_if_cancelled(false);
-    const bool cancelled_early =
-        (co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none;
-    co_await asio::this_coro::reset_cancellation_state(asio::enable_total_cancellation());
-    if (cancelled_early)
-        co_return dial_outcome{asio::error::operation_aborted,
-                               asio::ip::tcp::socket(socket_executor)};
-    co_return co_await std::move(dial);
-}
+HIVEMESH_DECL asio::awaitable<dial_outcome> run_dial(asio::any_io_executor socket_executor,
+                                                     asio::awaitable<dial_outcome> dial);
 
 /// Starts `make_dial(deadline)` on a private strand (so the deadline timer, the lookup
 /// handler, cancellation and the dial never run concurrently on a multi-threaded executor)
@@ -346,22 +244,11 @@ public:
     /// TIME_WAIT, and on IPv6 sockets IPV6_V6ONLY, so [::] and 0.0.0.0 can be bound on the
     /// same port by two listeners instead of the v6 one taking IPv4 as mapped addresses.
     /// Throws std::system_error (e.g. address_in_use, address_not_available).
-    listener(const executor_type& executor, const endpoint_type& local)
-        : acceptor_(executor) {
-        std::error_code ec;
-        open(local, ec);
-        if (ec) {
-            std::string where =
-                local.address().to_string() + " port " + std::to_string(local.port());
-            throw std::system_error(ec, "hivemesh: cannot listen on " + where);
-        }
-    }
+    HIVEMESH_DECL listener(const executor_type& executor, const endpoint_type& local);
 
     /// As above, reporting failure in `ec`; the listener is then closed.
-    listener(const executor_type& executor, const endpoint_type& local, std::error_code& ec)
-        : acceptor_(executor) {
-        open(local, ec);
-    }
+    HIVEMESH_DECL listener(const executor_type& executor, const endpoint_type& local,
+                           std::error_code& ec);
 
     executor_type get_executor() noexcept { return acceptor_.get_executor(); }
     bool is_open() const noexcept { return acceptor_.is_open(); }
@@ -389,22 +276,10 @@ public:
     }
 
     /// Stops listening; pending accepts complete with operation_aborted.
-    void close() noexcept {
-        std::error_code ignored;
-        acceptor_.close(ignored);
-    }
+    HIVEMESH_DECL void close() noexcept;
 
 private:
-    void open(const endpoint_type& local, std::error_code& ec) {
-        ec.clear();
-        acceptor_.open(local.protocol(), ec);
-        if (!ec && local.address().is_v6()) acceptor_.set_option(asio::ip::v6_only(true), ec);
-        if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-        if (!ec) acceptor_.bind(local, ec);
-        if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-        if (!ec) local_ = acceptor_.local_endpoint(ec);
-        if (ec) close();
-    }
+    HIVEMESH_DECL void open(const endpoint_type& local, std::error_code& ec);
 
     asio::ip::tcp::acceptor acceptor_;
     endpoint_type local_;
@@ -453,14 +328,7 @@ public:
     }
     /// Listens on an ip4 or ip6 address such as "/ip4/0.0.0.0/tcp/0"; its peer id, if any,
     /// is ignored. Throws std::system_error: errc::invalid_argument for dns and sim.
-    listener_type listen(const peer_address& local) const {
-        const auto endpoint = to_endpoint(local);
-        if (!endpoint)
-            throw std::system_error(errc::invalid_argument,
-                                    "hivemesh: tcp can listen only on ip4 or ip6 addresses, not " +
-                                        local.to_string());
-        return listener_type(executor_, *endpoint);
-    }
+    HIVEMESH_DECL listener_type listen(const peer_address& local) const;
 
     /// Connects to `remote`, giving up after `timeout` (zero or less: at once).
     ///
@@ -543,3 +411,7 @@ struct asio::associator<Associator, hivemesh::net::tcp::detail::accept_completio
         return Associator<Handler, DefaultCandidate>::get(h.handler(), c);
     }
 };
+
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/net/impl/tcp.ipp"
+#endif
