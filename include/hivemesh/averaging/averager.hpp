@@ -184,12 +184,7 @@ public:
 
     /// Blocking step for training loops; throws std::system_error (wrong_thread on the
     /// node's io thread, else the step's error).
-    step_result step(double weight = 1.0) {
-        if (running_in_this_thread(rpc_->get_executor()))
-            throw std::system_error(errc::wrong_thread,
-                                    "hivemesh::averaging::averager::step on an io thread");
-        return async_step(weight, asio::use_future).get();
-    }
+    step_result step(double weight = 1.0);
 
     /// Serves our state to newcomers, advertised with `priority` (higher is preferred, e.g.
     /// the epoch). `provider` is called for each download, on the compute executor if the
@@ -316,6 +311,15 @@ private:
     bool stepping_ = false;
     std::unique_ptr<state_server<Transport>> server_;
 };
+
+// Out of the class, so that the compiled mode instantiates it once (see CONTRIBUTING.md).
+template <net::transport Transport>
+step_result averager<Transport>::step(double weight) {
+    if (running_in_this_thread(rpc_->get_executor()))
+        throw std::system_error(errc::wrong_thread,
+                                "hivemesh::averaging::averager::step on an io thread");
+    return async_step(weight, asio::use_future).get();
+}
 
 } // namespace hivemesh::averaging
 

@@ -194,7 +194,7 @@ public:
     }
     node(const node&) = delete;
     node& operator=(const node&) = delete;
-    ~node() { close(); }
+    ~node();
 
     const dht::id& id() const noexcept { return state_->self; }
     const crypto::peer_id& peer_id() const noexcept { return state_->rpc->id(); }
@@ -203,9 +203,7 @@ public:
 
     /// Adds a validator; every stored and every received record must pass all of them,
     /// and records we store are signed by them (owner markers). Call before serving.
-    void add_validator(std::shared_ptr<const record_validator> validator) {
-        state_->validators.add(std::move(validator));
-    }
+    void add_validator(std::shared_ptr<const record_validator> validator);
 
     /// Contacts `initial` peers, then looks up our own id and refreshes the buckets, so the
     /// routing table fills. The peers are remembered and contacted again periodically.
@@ -296,30 +294,15 @@ public:
 
     /// Throw std::system_error: errc::wrong_thread on an io thread, else the error of the
     /// asynchronous form.
-    void bootstrap(std::vector<peer> initial) {
-        block(async_bootstrap(std::move(initial), asio::use_future));
-    }
-    std::vector<store_outcome> store_many(std::vector<record> records) {
-        return block(async_store_many(std::move(records), asio::use_future));
-    }
-    store_outcome store(byte_view key, byte_view value, time_point expiration) {
-        return block(async_store(key, value, expiration, asio::use_future));
-    }
-    store_outcome store(byte_view key, byte_view subkey, byte_view value, time_point expiration) {
-        return block(async_store(key, subkey, value, expiration, asio::use_future));
-    }
+    void bootstrap(std::vector<peer> initial);
+    std::vector<store_outcome> store_many(std::vector<record> records);
+    store_outcome store(byte_view key, byte_view value, time_point expiration);
+    store_outcome store(byte_view key, byte_view subkey, byte_view value, time_point expiration);
     /// Returns nullopt when no node has the key (instead of throwing not_found).
-    std::optional<key_entry> get(byte_view key, get_options options = {}) {
-        auto entries = block(async_get_many({to_buffer(key)}, options, asio::use_future));
-        return std::move(entries.front());
-    }
+    std::optional<key_entry> get(byte_view key, get_options options = {});
     std::vector<std::optional<key_entry>> get_many(std::vector<byte_buffer> keys,
-                                                   get_options options = {}) {
-        return block(async_get_many(std::move(keys), options, asio::use_future));
-    }
-    std::vector<contact_type> find_nearest(const dht::id& target, std::size_t count) {
-        return block(async_find_nearest(target, count, asio::use_future));
-    }
+                                                   get_options options = {});
+    std::vector<contact_type> find_nearest(const dht::id& target, std::size_t count);
 
     // ---- typed helpers ----------------------------------------------------------------
 
@@ -355,12 +338,7 @@ public:
 
     /// Stops the maintenance loop and answers no more requests; operations under way end
     /// early. The RPC node stays open. Idempotent.
-    void close() {
-        auto st = state_;
-        if (!st || st->closed) return;
-        st->closed = true;
-        asio::post(st->executor, [st] { st->maintenance_timer.cancel(); });
-    }
+    void close();
 
 private:
     struct blacklist_entry {

@@ -290,13 +290,7 @@ public:
     /// async_step for training loops: blocks until the step completes. Throws what
     /// async_step throws, and std::system_error: wrong_thread on the peer's io thread, else
     /// async_step's error.
-    step_report step(std::uint64_t batch_size = 0) {
-        if (running_in_this_thread(state_->executor))
-            throw std::system_error(errc::wrong_thread,
-                                    "hivemesh::optim::collaborative_optimizer::step on an io "
-                                    "thread: use async_step");
-        return async_step(batch_size, asio::use_future).get();
-    }
+    step_report step(std::uint64_t batch_size = 0);
 
     /// Downloads the parameters, the optimizer's state and the epoch from the best donor,
     /// dropping this epoch's gradients. step() does this by itself when the peer is behind.

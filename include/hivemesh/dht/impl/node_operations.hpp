@@ -1,5 +1,6 @@
-// dht::node, operations: bootstrap, refresh, find_nearest, store and get as coroutines over
-// lookups, behind the public async_ forms (included by dht/node.hpp).
+// dht::node, operations: closing, the blocking forms, and bootstrap, refresh, find_nearest,
+// store and get as coroutines over lookups, behind the public async_ forms (included by
+// dht/node.hpp).
 #pragma once
 
 #include "hivemesh/dht/node.hpp"
@@ -17,6 +18,65 @@
 #include <vector>
 
 namespace hivemesh::dht {
+
+template <net::transport Transport>
+node<Transport>::~node() {
+    close();
+}
+
+template <net::transport Transport>
+void node<Transport>::close() {
+    auto st = state_;
+    if (!st || st->closed) return;
+    st->closed = true;
+    asio::post(st->executor, [st] { st->maintenance_timer.cancel(); });
+}
+
+template <net::transport Transport>
+void node<Transport>::add_validator(std::shared_ptr<const record_validator> validator) {
+    state_->validators.add(std::move(validator));
+}
+
+// ---- blocking forms ----------------------------------------------------------------------
+
+template <net::transport Transport>
+void node<Transport>::bootstrap(std::vector<peer> initial) {
+    block(async_bootstrap(std::move(initial), asio::use_future));
+}
+
+template <net::transport Transport>
+std::vector<store_outcome> node<Transport>::store_many(std::vector<record> records) {
+    return block(async_store_many(std::move(records), asio::use_future));
+}
+
+template <net::transport Transport>
+store_outcome node<Transport>::store(byte_view key, byte_view value, time_point expiration) {
+    return block(async_store(key, value, expiration, asio::use_future));
+}
+
+template <net::transport Transport>
+store_outcome node<Transport>::store(byte_view key, byte_view subkey, byte_view value,
+                                     time_point expiration) {
+    return block(async_store(key, subkey, value, expiration, asio::use_future));
+}
+
+template <net::transport Transport>
+std::optional<key_entry> node<Transport>::get(byte_view key, get_options options) {
+    auto entries = block(async_get_many({to_buffer(key)}, options, asio::use_future));
+    return std::move(entries.front());
+}
+
+template <net::transport Transport>
+std::vector<std::optional<key_entry>> node<Transport>::get_many(std::vector<byte_buffer> keys,
+                                                                get_options options) {
+    return block(async_get_many(std::move(keys), options, asio::use_future));
+}
+
+template <net::transport Transport>
+std::vector<typename node<Transport>::contact_type>
+node<Transport>::find_nearest(const dht::id& target, std::size_t count) {
+    return block(async_find_nearest(target, count, asio::use_future));
+}
 
 template <net::transport Transport>
 asio::awaitable<std::error_code> node<Transport>::bootstrap(state_ptr st,

@@ -40,6 +40,15 @@ void add_scaled_block(float* __restrict sum, const float* __restrict g, float we
 } // namespace detail
 
 template <net::transport Transport>
+step_report collaborative_optimizer<Transport>::step(std::uint64_t batch_size) {
+    if (running_in_this_thread(state_->executor))
+        throw std::system_error(errc::wrong_thread,
+                                "hivemesh::optim::collaborative_optimizer::step on an io "
+                                "thread: use async_step");
+    return async_step(batch_size, asio::use_future).get();
+}
+
+template <net::transport Transport>
 std::uint64_t collaborative_optimizer<Transport>::begin_step(shared& st, std::uint64_t batch_size) {
     const bool aux = st.role == averaging::member_role::aux;
     const std::uint64_t batch = batch_size != 0 ? batch_size : st.options.batch_size_per_step;
