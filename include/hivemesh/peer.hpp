@@ -14,6 +14,7 @@
 
 #include "hivemesh/core/async.hpp"
 #include "hivemesh/core/clock.hpp"
+#include "hivemesh/core/config.hpp"
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/crypto/identity.hpp"
 #include "hivemesh/dht/node.hpp"
@@ -89,18 +90,7 @@ struct peer_options {
 namespace detail {
 
 /// The 32-byte swarm key of a shared secret: BLAKE2b-256 of a domain label and the text.
-inline std::array<std::byte, 32> swarm_key_of(std::string_view secret) {
-    static constexpr std::string_view label = "hivemesh swarm key v1:";
-    std::array<std::byte, 32> key{};
-    crypto_generichash_state state;
-    crypto_generichash_init(&state, nullptr, 0, key.size());
-    crypto_generichash_update(&state, reinterpret_cast<const unsigned char*>(label.data()),
-                              label.size());
-    crypto_generichash_update(&state, reinterpret_cast<const unsigned char*>(secret.data()),
-                              secret.size());
-    crypto_generichash_final(&state, reinterpret_cast<unsigned char*>(key.data()), key.size());
-    return key;
-}
+HIVEMESH_DECL std::array<std::byte, 32> swarm_key_of(std::string_view secret);
 
 [[noreturn]] inline void throw_bad_option(const std::string& what) {
     throw std::system_error(make_error_code(errc::invalid_argument), "hivemesh::peer: " + what);
@@ -123,32 +113,7 @@ parse_peer_address(const std::string& text, const char* role) {
 
 /// The addresses of the interfaces that are up, of `family` (AF_INET or AF_INET6),
 /// loopback last: what a listener on 0.0.0.0 or :: can be dialed at.
-inline std::vector<asio::ip::address> interface_addresses(int family) {
-    std::vector<asio::ip::address> out, loopback;
-    ifaddrs* list = nullptr;
-    if (getifaddrs(&list) != 0) return out;
-    for (const ifaddrs* i = list; i; i = i->ifa_next) {
-        if (!i->ifa_addr || i->ifa_addr->sa_family != family || !(i->ifa_flags & IFF_UP)) continue;
-        asio::ip::address ip;
-        if (family == AF_INET) {
-            asio::ip::address_v4::bytes_type bytes;
-            std::memcpy(bytes.data(), &reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr,
-                        bytes.size());
-            ip = asio::ip::address_v4(bytes);
-        } else {
-            const auto* v6 = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
-            asio::ip::address_v6::bytes_type bytes;
-            std::memcpy(bytes.data(), &v6->sin6_addr, bytes.size());
-            const asio::ip::address_v6 a(bytes);
-            if (a.is_link_local()) continue; // needs a zone, which multiaddrs do not carry
-            ip = a;
-        }
-        (ip.is_loopback() ? loopback : out).push_back(ip);
-    }
-    freeifaddrs(list);
-    out.insert(out.end(), loopback.begin(), loopback.end());
-    return out;
-}
+HIVEMESH_DECL std::vector<asio::ip::address> interface_addresses(int family);
 
 /// Where a listener at `local` can be dialed: itself, or every interface address for an
 /// unspecified host (TCP); the same endpoint elsewhere.
@@ -213,12 +178,7 @@ public:
     /// Dialable multiaddrs, each ending in /p2p/<PeerId>: peer_options::announce if given,
     /// else where the peer listens, with port 0 resolved and an unspecified host expanded
     /// to the interfaces' addresses. Empty in client mode.
-    std::vector<std::string> addresses() const {
-        std::vector<std::string> out;
-        for (const auto& address : announce_addresses_)
-            out.push_back(address.with_peer(id()).to_string());
-        return out;
-    }
+    std::vector<std::string> addresses() const;
 
     /// Contacts the initial peers and fills the routing table, retrying with backoff until
     /// peer_options::bootstrap_timeout. Completion: void(std::error_code, std::string);
@@ -237,11 +197,7 @@ public:
     }
 
     /// Adds a DHT record validator (e.g. a layer's schema check); safe while the peer runs.
-    void add_validator(std::shared_ptr<const dht::record_validator> validator) {
-        asio::dispatch(get_executor(), [dht = dht_.get(), validator = std::move(validator)] {
-            dht->add_validator(validator);
-        });
-    }
+    void add_validator(std::shared_ptr<const dht::record_validator> validator);
 
     /// Stops listening, closes the DHT node and every connection (pending calls fail with
     /// connection_closed). Call on the peer's executor, or while nothing runs it.
@@ -252,62 +208,7 @@ public:
 
 private:
     basic_peer(Transport transport, peer_options options, std::optional<crypto::identity> identity,
-               std::optional<asio::any_io_executor> compute)
-        : transport_(std::move(transport))
-        , options_(std::move(options))
-        , compute_(std::move(compute)) {
-        for (const auto& text : options_.initial_peers) {
-            auto [address, endpoint] = detail::parse_peer_address<Transport>(text, "initial peer");
-            if (!address.peer)
-                detail::throw_bad_option("initial peer \"" + text + "\" lacks /p2p/<PeerId>");
-            initial_.push_back({*address.peer, endpoint});
-        }
-        std::vector<endpoint_type> listen;
-        if (!options_.client_mode) {
-            if (options_.listen.empty())
-                detail::throw_bad_option("no listen address (set client_mode to listen nowhere)");
-            for (const auto& text : options_.listen)
-                listen.push_back(
-                    detail::parse_peer_address<Transport>(text, "listen address").second);
-        }
-        for (const auto& text : options_.announce)
-            announce_addresses_.push_back(
-                detail::parse_peer_address<Transport>(text, "announce address")
-                    .first.without_peer());
-
-        if (!identity)
-            identity = options_.identity_path.empty()
-                           ? crypto::identity::generate()
-                           : crypto::identity::load_or_create(options_.identity_path);
-        net::node_options rpc_options = options_.rpc;
-        rpc_options.security.plaintext = options_.plaintext;
-        if (!options_.swarm_key.empty())
-            rpc_options.security.swarm_key = detail::swarm_key_of(options_.swarm_key);
-        rpc_ = std::make_unique<rpc_node_type>(transport_, std::move(*identity), rpc_options);
-
-        std::vector<typename Transport::listener_type> listeners;
-        for (const auto& at : listen) {
-            auto listener = transport_.listen(at);
-            if (options_.announce.empty())
-                for (const auto& e : detail::dialable(listener.local_endpoint()))
-                    announce_addresses_.push_back(Transport::to_address(e));
-            listeners.push_back(std::move(listener));
-        }
-        if (!options_.client_mode && !announce_addresses_.empty()) {
-            announce_ = Transport::to_endpoint(announce_addresses_.front());
-            // Of the listeners' own addresses, announce one that others can reach.
-            if (options_.announce.empty())
-                for (const auto& address : announce_addresses_)
-                    if (auto e = Transport::to_endpoint(address); e && !is_loopback(*e)) {
-                        announce_ = e;
-                        break;
-                    }
-        }
-        dht_ = std::make_unique<dht_node_type>(*rpc_, announce_, options_.dht);
-        dht_->add_validator(std::make_shared<dht::owner_validator>(rpc_->identity()));
-        for (auto& listener : listeners)
-            rpc_->serve(std::move(listener));
-    }
+               std::optional<asio::any_io_executor> compute);
 
     static bool is_loopback(const endpoint_type& e) {
         if constexpr (std::is_same_v<endpoint_type, asio::ip::tcp::endpoint>)
@@ -316,32 +217,7 @@ private:
             return false;
     }
 
-    asio::awaitable<std::pair<std::error_code, std::string>> bootstrap() {
-        if (initial_.empty()) co_return std::pair{std::error_code{}, std::string{}};
-        const time_point give_up = now() + options_.bootstrap_timeout;
-        duration pause = 250ms;
-        while (true) {
-            auto [ec] = co_await dht_->async_bootstrap(initial_, default_token_t{});
-            if (!ec) co_return std::pair{ec, std::string{}};
-            if (ec != errc::no_peers) co_return std::pair{ec, std::string(ec.message())};
-            const time_point t = now();
-            if (t + pause >= give_up) break;
-            typename Transport::timer_type timer(get_executor());
-            timer.expires_after(pause);
-            auto [waited] = co_await timer.async_wait(default_token_t{});
-            if (waited) co_return std::pair{make_error_code(errc::cancelled), std::string{}};
-            pause = std::min<duration>(2 * pause, 4s);
-        }
-        // Say why, peer by peer: a wrong swarm key, a refused port, a wrong PeerId...
-        std::string why;
-        for (const auto& p : initial_) {
-            const std::error_code ec = co_await rpc_->connect(p);
-            if (!why.empty()) why += "; ";
-            why += Transport::to_address(p.endpoint, p.id).to_string() + ": " +
-                   (ec ? ec.message() : std::string("connects, but answers no DHT ping"));
-        }
-        co_return std::pair{make_error_code(errc::no_peers), std::move(why)};
-    }
+    asio::awaitable<std::pair<std::error_code, std::string>> bootstrap();
 
     time_point now() const { return net::transport_now<Transport>(get_executor()); }
 
@@ -355,45 +231,124 @@ private:
     std::unique_ptr<dht_node_type> dht_;
 };
 
+// basic_peer's larger members, defined out of the class: with the extern template of the
+// compiled mode (end of this file), no translation unit instantiates them again to inline them.
+
+template <net::transport Transport>
+std::vector<std::string> basic_peer<Transport>::addresses() const {
+    std::vector<std::string> out;
+    for (const auto& address : announce_addresses_)
+        out.push_back(address.with_peer(id()).to_string());
+    return out;
+}
+
+template <net::transport Transport>
+void basic_peer<Transport>::add_validator(std::shared_ptr<const dht::record_validator> validator) {
+    asio::dispatch(get_executor(), [dht = dht_.get(), validator = std::move(validator)] {
+        dht->add_validator(validator);
+    });
+}
+
+template <net::transport Transport>
+basic_peer<Transport>::basic_peer(Transport transport, peer_options options,
+                                  std::optional<crypto::identity> identity,
+                                  std::optional<asio::any_io_executor> compute)
+    : transport_(std::move(transport))
+    , options_(std::move(options))
+    , compute_(std::move(compute)) {
+    for (const auto& text : options_.initial_peers) {
+        auto [address, endpoint] = detail::parse_peer_address<Transport>(text, "initial peer");
+        if (!address.peer)
+            detail::throw_bad_option("initial peer \"" + text + "\" lacks /p2p/<PeerId>");
+        initial_.push_back({*address.peer, endpoint});
+    }
+    std::vector<endpoint_type> listen;
+    if (!options_.client_mode) {
+        if (options_.listen.empty())
+            detail::throw_bad_option("no listen address (set client_mode to listen nowhere)");
+        for (const auto& text : options_.listen)
+            listen.push_back(detail::parse_peer_address<Transport>(text, "listen address").second);
+    }
+    for (const auto& text : options_.announce)
+        announce_addresses_.push_back(
+            detail::parse_peer_address<Transport>(text, "announce address").first.without_peer());
+
+    if (!identity)
+        identity = options_.identity_path.empty()
+                       ? crypto::identity::generate()
+                       : crypto::identity::load_or_create(options_.identity_path);
+    net::node_options rpc_options = options_.rpc;
+    rpc_options.security.plaintext = options_.plaintext;
+    if (!options_.swarm_key.empty())
+        rpc_options.security.swarm_key = detail::swarm_key_of(options_.swarm_key);
+    rpc_ = std::make_unique<rpc_node_type>(transport_, std::move(*identity), rpc_options);
+
+    std::vector<typename Transport::listener_type> listeners;
+    for (const auto& at : listen) {
+        auto listener = transport_.listen(at);
+        if (options_.announce.empty())
+            for (const auto& e : detail::dialable(listener.local_endpoint()))
+                announce_addresses_.push_back(Transport::to_address(e));
+        listeners.push_back(std::move(listener));
+    }
+    if (!options_.client_mode && !announce_addresses_.empty()) {
+        announce_ = Transport::to_endpoint(announce_addresses_.front());
+        // Of the listeners' own addresses, announce one that others can reach.
+        if (options_.announce.empty())
+            for (const auto& address : announce_addresses_)
+                if (auto e = Transport::to_endpoint(address); e && !is_loopback(*e)) {
+                    announce_ = e;
+                    break;
+                }
+    }
+    dht_ = std::make_unique<dht_node_type>(*rpc_, announce_, options_.dht);
+    dht_->add_validator(std::make_shared<dht::owner_validator>(rpc_->identity()));
+    for (auto& listener : listeners)
+        rpc_->serve(std::move(listener));
+}
+
+template <net::transport Transport>
+asio::awaitable<std::pair<std::error_code, std::string>> basic_peer<Transport>::bootstrap() {
+    if (initial_.empty()) co_return std::pair{std::error_code{}, std::string{}};
+    const time_point give_up = now() + options_.bootstrap_timeout;
+    duration pause = 250ms;
+    while (true) {
+        auto [ec] = co_await dht_->async_bootstrap(initial_, default_token_t{});
+        if (!ec) co_return std::pair{ec, std::string{}};
+        if (ec != errc::no_peers) co_return std::pair{ec, std::string(ec.message())};
+        const time_point t = now();
+        if (t + pause >= give_up) break;
+        typename Transport::timer_type timer(get_executor());
+        timer.expires_after(pause);
+        auto [waited] = co_await timer.async_wait(default_token_t{});
+        if (waited) co_return std::pair{make_error_code(errc::cancelled), std::string{}};
+        pause = std::min<duration>(2 * pause, 4s);
+    }
+    // Say why, peer by peer: a wrong swarm key, a refused port, a wrong PeerId...
+    std::string why;
+    for (const auto& p : initial_) {
+        const std::error_code ec = co_await rpc_->connect(p);
+        if (!why.empty()) why += "; ";
+        why += Transport::to_address(p.endpoint, p.id).to_string() + ": " +
+               (ec ? ec.message() : std::string("connects, but answers no DHT ping"));
+    }
+    co_return std::pair{make_error_code(errc::no_peers), std::move(why)};
+}
+
 namespace detail {
 
 /// The threads of a TCP peer, made before its nodes (a base, so it is built first) and
 /// started once they exist.
 class peer_threads {
 protected:
-    explicit peer_threads(const peer_options& options)
-        : strand_(asio::make_strand(io_.get_executor()))
-        , work_(io_.get_executor()) {
-        if (options.io_threads == 0) throw_bad_option("io_threads must be at least 1");
-        if (options.compute_threads > 0) compute_pool_.emplace(options.compute_threads);
-    }
-    ~peer_threads() { stop(); }
+    HIVEMESH_DECL explicit peer_threads(const peer_options& options);
+    HIVEMESH_DECL ~peer_threads();
 
-    void start(std::size_t io_threads) {
-        running_ = io_threads;
-        for (std::size_t i = 0; i < io_threads; ++i)
-            threads_.emplace_back([this] {
-                io_.run();
-                std::lock_guard lock(mutex_);
-                --running_;
-                idle_.notify_all();
-            });
-    }
+    HIVEMESH_DECL void start(std::size_t io_threads);
 
     /// Lets the io threads finish what is queued (completions of the calls a close ended)
     /// for up to `drain`, then stops them, and joins them and the compute pool.
-    void stop(duration drain = 0s) {
-        work_.reset();
-        {
-            std::unique_lock lock(mutex_);
-            idle_.wait_for(lock, drain, [this] { return running_ == 0; });
-        }
-        io_.stop();
-        for (auto& t : threads_)
-            if (t.joinable()) t.join();
-        threads_.clear();
-        if (compute_pool_) compute_pool_->join();
-    }
+    HIVEMESH_DECL void stop(duration drain = 0s);
 
     asio::io_context io_;
     asio::strand<asio::io_context::executor_type> strand_;
@@ -416,47 +371,28 @@ public:
     /// Starts the peer and bootstraps it. Throws std::system_error: the constructor errors
     /// of basic_peer, or no_peers after bootstrap_timeout with, in the message, why each
     /// initial peer could not be reached (e.g. handshake_failed for another swarm key).
-    explicit peer(peer_options options)
-        : peer_threads(options)
-        , basic_peer(net::tcp::transport(strand_), options, compute_executor_of(compute_pool_)) {
-        start(options.io_threads);
-        std::promise<std::pair<std::error_code, std::string>> bootstrapped;
-        auto result = bootstrapped.get_future();
-        async_bootstrap([&bootstrapped](std::error_code ec, std::string why) {
-            bootstrapped.set_value({ec, std::move(why)});
-        });
-        auto [ec, why] = result.get();
-        if (ec) {
-            shutdown();
-            throw std::system_error(ec, "hivemesh::peer: bootstrap failed" +
-                                            (why.empty() ? std::string{} : ": " + why));
-        }
-    }
+    HIVEMESH_DECL explicit peer(peer_options options);
     peer(const peer&) = delete;
     peer& operator=(const peer&) = delete;
-    ~peer() { shutdown(); }
+    HIVEMESH_DECL ~peer();
 
 private:
-    static std::optional<asio::any_io_executor>
-    compute_executor_of(std::optional<asio::thread_pool>& pool) {
-        if (!pool) return std::nullopt;
-        return asio::any_io_executor(pool->get_executor());
-    }
+    HIVEMESH_DECL static std::optional<asio::any_io_executor>
+    compute_executor_of(std::optional<asio::thread_pool>& pool);
 
     /// Closes the nodes on their strand, lets the calls that ends complete, then stops and
     /// joins the threads; each step bounded, so a wedged io thread cannot hold us.
     /// Idempotent.
-    void shutdown() {
-        if (threads_.empty()) return;
-        std::promise<void> closed;
-        auto done = closed.get_future();
-        asio::dispatch(strand_, [this, &closed] {
-            close();
-            closed.set_value();
-        });
-        done.wait_for(500ms);
-        stop(500ms);
-    }
+    HIVEMESH_DECL void shutdown();
 };
 
 } // namespace hivemesh
+
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/impl/peer.ipp"
+#else
+// The TCP instantiation is compiled once, in src/peer.cpp, not in every translation unit.
+namespace hivemesh {
+extern template class basic_peer<net::tcp::transport>;
+} // namespace hivemesh
+#endif

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "hivemesh/compression/kind.hpp"
+#include "hivemesh/core/config.hpp"
 
 #include <cstddef>
 #include <functional>
@@ -26,48 +27,29 @@ struct tensor_info {
 class policy {
 public:
     /// Always `k`.
-    policy(kind k = kind::none)
-        : choose_(std::make_shared<const chooser>([k](const tensor_info&) { return k; })) {}
+    HIVEMESH_DECL policy(kind k = kind::none);
 
     /// `below` for tensors with fewer than `threshold` elements, `at_or_above` otherwise
     /// (small tensors cost more in codec headers and codebooks than they save).
-    static policy by_size(std::size_t threshold, policy below, policy at_or_above) {
-        return policy([=](const tensor_info& t) {
-            return t.size < threshold ? below.choose(t) : at_or_above.choose(t);
-        });
-    }
+    HIVEMESH_DECL static policy by_size(std::size_t threshold, policy below, policy at_or_above);
 
     /// One policy per role.
-    static policy by_role(policy gradient, policy parameter, policy optimizer_state, policy other) {
-        return policy([=](const tensor_info& t) {
-            switch (t.role) {
-            case tensor_role::gradient:
-                return gradient.choose(t);
-            case tensor_role::parameter:
-                return parameter.choose(t);
-            case tensor_role::optimizer_state:
-                return optimizer_state.choose(t);
-            case tensor_role::other:
-                break;
-            }
-            return other.choose(t);
-        });
-    }
+    HIVEMESH_DECL static policy by_role(policy gradient, policy parameter, policy optimizer_state,
+                                        policy other);
 
     /// `per_index[i]` for tensor i, `fallback` past the end of the list.
-    static policy per_tensor(std::vector<policy> per_index, policy fallback) {
-        return policy([list = std::move(per_index), fallback](const tensor_info& t) {
-            return t.index < list.size() ? list[t.index].choose(t) : fallback.choose(t);
-        });
-    }
+    HIVEMESH_DECL static policy per_tensor(std::vector<policy> per_index, policy fallback);
 
     kind choose(const tensor_info& t) const { return (*choose_)(t); }
 
 private:
     using chooser = std::function<kind(const tensor_info&)>;
-    explicit policy(chooser c)
-        : choose_(std::make_shared<const chooser>(std::move(c))) {}
+    HIVEMESH_DECL explicit policy(chooser c);
     std::shared_ptr<const chooser> choose_;
 };
 
 } // namespace hivemesh::compression
+
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/compression/impl/adaptive.ipp"
+#endif

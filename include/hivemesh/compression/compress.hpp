@@ -5,6 +5,7 @@
 #include "hivemesh/compression/format.hpp"
 #include "hivemesh/compression/kind.hpp"
 #include "hivemesh/core/binary.hpp"
+#include "hivemesh/core/config.hpp"
 #include "hivemesh/core/error.hpp"
 
 #include <algorithm>
@@ -59,17 +60,8 @@ inline std::size_t compressed_size(kind k, std::size_t count, const options& opt
 namespace detail {
 
 /// validate() without the finite check.
-inline std::error_code check_options(kind k, std::size_t count, const options& opts) noexcept {
-    if (!is_known(k)) return errc::unknown_codec;
-    if (!is_known(opts.original)) return errc::invalid_argument;
-    if (k == kind::blockwise_8bit &&
-        (opts.block_size < min_block_size || opts.block_size > max_block_size))
-        return errc::invalid_argument;
-    if (k == kind::meanstd_16bit && opts.row_length != 0 &&
-        (count % opts.row_length != 0 || count == 0))
-        return errc::invalid_argument;
-    return {};
-}
+HIVEMESH_DECL std::error_code check_options(kind k, std::size_t count,
+                                            const options& opts) noexcept;
 
 } // namespace detail
 
@@ -80,69 +72,27 @@ inline std::error_code check_options(kind k, std::size_t count, const options& o
 /// out-of-range values to +-65504; the statistical codecs (meanstd_16bit, uniform_8bit,
 /// quantile_8bit, blockwise_8bit) refuse non-finite input, because one NaN or infinity
 /// would poison the statistics of every other element.
-inline std::error_code validate(kind k, std::span<const float> values,
-                                const options& opts) noexcept {
-    if (auto ec = detail::check_options(k, values.size(), opts)) return ec;
-    if (refuses_non_finite(k) && !detail::all_finite(values)) return errc::non_finite_input;
-    return {};
-}
+HIVEMESH_DECL std::error_code validate(kind k, std::span<const float> values,
+                                       const options& opts) noexcept;
 
 /// Appends the compressed form of `values` to `out`. On error `out` is unchanged.
-inline std::error_code compress_into(kind k, std::span<const float> values, byte_buffer& out,
-                                     const options& opts = {}) {
-    if (auto ec = detail::check_options(k, values.size(), opts)) return ec;
-    // blockwise_8bit sees a non-finite value in its block scales: no separate pass.
-    if (refuses_non_finite(k) && k != kind::blockwise_8bit && !detail::all_finite(values))
-        return errc::non_finite_input;
-    const detail::encode_params params{opts.block_size, opts.row_length, opts.threads};
-    const std::size_t payload = detail::payload_size(k, values.size(), params);
-    const std::size_t start = out.size();
-    try {
-        out.reserve(start + header_size + payload);
-        binary_writer writer(out);
-        detail::write_header(writer, {k, opts.original, values.size()});
-        if (k == kind::none && params.threads <= 1) { // one copy, without zero-filling first
-            const auto* bytes = reinterpret_cast<const std::byte*>(values.data());
-            out.insert(out.end(), bytes, bytes + payload);
-        } else if (auto ec = detail::encode(k, values, params, writer.grow(payload))) {
-            out.resize(start);
-            return ec;
-        }
-    } catch (...) {
-        out.resize(start);
-        throw;
-    }
-    return {};
-}
+HIVEMESH_DECL std::error_code compress_into(kind k, std::span<const float> values, byte_buffer& out,
+                                            const options& opts = {});
 
 /// Compresses `values` with codec `k` into a new self-describing buffer.
 /// Throws std::system_error with errc::invalid_argument, unknown_codec or non_finite_input.
-inline byte_buffer compress(kind k, std::span<const float> values, const options& opts = {}) {
-    byte_buffer out;
-    throw_if_error(compress_into(k, values, out, opts), "hivemesh::compression::compress");
-    return out;
-}
+HIVEMESH_DECL byte_buffer compress(kind k, std::span<const float> values, const options& opts = {});
 
 /// Reads and validates the header of a compressed buffer without decoding it.
-inline std::error_code read_header(byte_view buffer, header& result,
-                                   const limits& lim = {}) noexcept {
-    binary_reader reader(buffer);
-    result = detail::read_header(reader, lim.max_elements);
-    return reader.error();
-}
+HIVEMESH_DECL std::error_code read_header(byte_view buffer, header& result,
+                                          const limits& lim = {}) noexcept;
 
 /// Decodes `buffer` into `out`, whose size must equal the encoded element count
 /// (size_mismatch otherwise). Errors: truncated_input, bad_magic, unsupported_version,
 /// unknown_codec, corrupt_data, trailing_data, length_limit_exceeded. On error `out` is
 /// unchanged.
-inline std::error_code decompress_into(byte_view buffer, std::span<float> out,
-                                       const limits& lim = {}) {
-    binary_reader reader(buffer);
-    const header h = detail::read_header(reader, lim.max_elements);
-    if (!reader.ok()) return reader.error();
-    if (h.count != out.size()) return errc::size_mismatch;
-    return detail::decode(h.codec, reader, out, lim.threads);
-}
+HIVEMESH_DECL std::error_code decompress_into(byte_view buffer, std::span<float> out,
+                                              const limits& lim = {});
 
 namespace detail {
 
@@ -205,61 +155,26 @@ std::error_code decode_finite(byte_view buffer, std::size_t n, std::vector<float
 /// values from an untrusted peer must be. On error `out` is unchanged. `scratch` is working
 /// memory for meanstd_16bit and uniform/quantile_8bit (`none` and float16 are checked in
 /// their encoded form; the 8-bit codecs cannot decode a non-finite value).
-inline std::error_code decompress_finite_into(byte_view buffer, std::span<float> out,
-                                              std::vector<float>& scratch, const limits& lim = {}) {
-    header h;
-    if (auto ec = read_header(buffer, h, lim)) return ec;
-    // Straight into `out`, which decoders write only once the buffer proved valid.
-    if (detail::decodes_finite(h.codec)) return decompress_into(buffer, out, lim);
-    return detail::decode_finite(buffer, out.size(), scratch, lim,
-                                 [out](std::size_t begin, std::size_t count, auto value_at) {
-                                     for (std::size_t i = 0; i < count; ++i)
-                                         out[begin + i] = value_at(i);
-                                 });
-}
+HIVEMESH_DECL std::error_code decompress_finite_into(byte_view buffer, std::span<float> out,
+                                                     std::vector<float>& scratch,
+                                                     const limits& lim = {});
 
 /// Adds `scale` times each decoded value of `buffer` to `sum` (a weighted reduction without
 /// a temporary for `none`, float16 and blockwise_8bit). Errors and `scratch` as
 /// decompress_finite_into; on error `sum` is unchanged.
-inline std::error_code decompress_add(byte_view buffer, std::span<float> sum, float scale,
-                                      std::vector<float>& scratch, const limits& lim = {}) {
-    binary_reader reader(buffer);
-    const header h = detail::read_header(reader, lim.max_elements);
-    if (!reader.ok()) return reader.error();
-    if (h.codec == kind::blockwise_8bit) { // finite by construction; added as it decodes
-        if (h.count != sum.size()) return errc::size_mismatch;
-        detail::decode_blockwise_8bit(reader, sum, lim.threads, scale);
-        return reader.finish();
-    }
-    return detail::decode_finite(buffer, sum.size(), scratch, lim,
-                                 [sum, scale](std::size_t begin, std::size_t count, auto value_at) {
-                                     for (std::size_t i = 0; i < count; ++i)
-                                         sum[begin + i] += scale * value_at(i);
-                                 });
-}
+HIVEMESH_DECL std::error_code decompress_add(byte_view buffer, std::span<float> sum, float scale,
+                                             std::vector<float>& scratch, const limits& lim = {});
 
 /// Non-throwing decompress(): returns an empty vector and sets `ec` on error.
-inline std::vector<float> decompress(byte_view buffer, std::error_code& ec,
-                                     const limits& lim = {}) {
-    header h;
-    ec = read_header(buffer, h, lim);
-    // Each element takes at least one payload byte, so the allocation below is bounded by
-    // the size of the input.
-    if (!ec && h.count > buffer.size()) ec = errc::truncated_input;
-    if (ec) return {};
-    std::vector<float> values(static_cast<std::size_t>(h.count));
-    ec = decompress_into(buffer, values, lim);
-    if (ec) values.clear();
-    return values;
-}
+HIVEMESH_DECL std::vector<float> decompress(byte_view buffer, std::error_code& ec,
+                                            const limits& lim = {});
 
 /// Decodes a buffer made by compress(). Throws std::system_error on malformed input (see
 /// decompress_into); never allocates more than the buffer's contents justify.
-inline std::vector<float> decompress(byte_view buffer, const limits& lim = {}) {
-    std::error_code ec;
-    auto values = decompress(buffer, ec, lim);
-    throw_if_error(ec, "hivemesh::compression::decompress");
-    return values;
-}
+HIVEMESH_DECL std::vector<float> decompress(byte_view buffer, const limits& lim = {});
 
 } // namespace hivemesh::compression
+
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/compression/impl/compress.ipp"
+#endif

@@ -6,6 +6,7 @@
 //   - every other result is passed through as the operation returned it.
 #pragma once
 
+#include "hivemesh/core/config.hpp"
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/core/log.hpp"
 
@@ -49,21 +50,8 @@ using default_token_t = asio::experimental::as_tuple_t<asio::use_awaitable_t<>>;
 /// The error code an exception that escaped `operation` becomes under the policy above:
 /// errc::cancelled for a cancellation (operation_aborted), else errc::internal_error, with
 /// the exception logged.
-inline std::error_code escaped_exception_code(const std::exception_ptr& failure,
-                                              const char* operation) {
-    try {
-        std::rethrow_exception(failure);
-    } catch (const std::system_error& e) {
-        // A cancelled awaitable throws operation_aborted where it resumes.
-        if (e.code() == asio::error::operation_aborted) return make_error_code(errc::cancelled);
-        log::error("async", operation, ": internal error: ", e.what());
-    } catch (const std::exception& e) {
-        log::error("async", operation, ": internal error: ", e.what());
-    } catch (...) {
-        log::error("async", operation, ": internal error: unknown exception");
-    }
-    return make_error_code(errc::internal_error);
-}
+HIVEMESH_DECL std::error_code escaped_exception_code(const std::exception_ptr& failure,
+                                                     const char* operation);
 
 namespace detail {
 
@@ -167,30 +155,15 @@ bool runs_here_or_on_strand(const asio::any_io_executor& ex) {
 /// or without outstanding work tracking), a strand of one, or a strand of an
 /// any_io_executor. False for any other kind of executor, which cannot be asked, and
 /// always false without RTTI (ASIO_NO_TYPEID).
-inline bool running_in_this_thread(const asio::any_io_executor& ex) {
-    using io = asio::io_context::executor_type;
-    using pool = asio::thread_pool::executor_type;
-    using io_tracked = detail::tracked_executor_t<io>;
-    using pool_tracked = detail::tracked_executor_t<pool>;
-    return detail::runs_here_or_on_strand<io>(ex) ||
-           detail::runs_here_or_on_strand<io_tracked>(ex) ||
-           detail::runs_here_or_on_strand<pool>(ex) ||
-           detail::runs_here_or_on_strand<pool_tracked>(ex) ||
-           detail::runs_here<asio::strand<asio::any_io_executor>>(ex);
-}
+HIVEMESH_DECL bool running_in_this_thread(const asio::any_io_executor& ex);
 
 /// Wakes one waiting coroutine; a notification while nobody waits is kept (once).
 class wakeup {
 public:
-    explicit wakeup(const asio::any_io_executor& ex)
-        : channel_(ex, 1) {}
-    void notify() { channel_.try_send(std::error_code{}, true); }
+    HIVEMESH_DECL explicit wakeup(const asio::any_io_executor& ex);
+    HIVEMESH_DECL void notify();
     /// Completes on notify(); with an error if the awaiting operation was cancelled.
-    asio::awaitable<std::error_code> wait() {
-        auto [ec, unused] =
-            co_await channel_.async_receive(asio::experimental::as_tuple(asio::use_awaitable));
-        co_return ec;
-    }
+    HIVEMESH_DECL asio::awaitable<std::error_code> wait();
 
 private:
     // Asio 1.22's channel needs a value besides the error code.
@@ -227,3 +200,7 @@ asio::awaitable<void> offload(const std::optional<asio::any_io_executor>& execut
 }
 
 } // namespace hivemesh
+
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/core/impl/async.ipp"
+#endif

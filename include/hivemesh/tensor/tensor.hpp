@@ -9,6 +9,7 @@
 // others (other dtypes, strided or transposed layouts) are converted through a host copy.
 #pragma once
 
+#include "hivemesh/core/config.hpp"
 #include "hivemesh/core/error.hpp"
 
 #include <concepts>
@@ -48,13 +49,7 @@ template <class T>
 using adaptor_for = adaptor<std::remove_cvref_t<T>>;
 
 /// Throws size_mismatch unless a span of `given` elements fits a tensor of `expected`.
-inline void check_size(std::size_t expected, std::size_t given, const char* operation) {
-    if (expected == given) return;
-    throw std::system_error(make_error_code(errc::size_mismatch),
-                            std::string(operation) + ": the tensor has " +
-                                std::to_string(expected) + " elements, the span " +
-                                std::to_string(given));
-}
+HIVEMESH_DECL void check_size(std::size_t expected, std::size_t given, const char* operation);
 
 /// memmove that accepts empty (possibly null) ranges and identical source and destination.
 inline void copy_floats(std::span<const float> from, std::span<float> to) noexcept {
@@ -287,35 +282,18 @@ struct adaptor<tensor_ref> {
 };
 
 /// Sum of the sizes of `tensors`: the length of their concatenation.
-inline std::size_t total_size(std::span<const tensor_ref> tensors) {
-    std::size_t total = 0;
-    for (const auto& t : tensors)
-        total += t.size();
-    return total;
-}
+HIVEMESH_DECL std::size_t total_size(std::span<const tensor_ref> tensors);
 
 /// Writes the elements of all `tensors`, one tensor after another, into `out`.
 /// Throws std::system_error(errc::size_mismatch) if out.size() != total_size(tensors).
-inline void flatten_to(std::span<const tensor_ref> tensors, std::span<float> out) {
-    detail::check_size(total_size(tensors), out.size(), "hivemesh::tensor::flatten_to");
-    std::size_t offset = 0;
-    for (const auto& t : tensors) {
-        const std::size_t n = t.size();
-        t.copy_to(out.subspan(offset, n));
-        offset += n;
-    }
-}
+HIVEMESH_DECL void flatten_to(std::span<const tensor_ref> tensors, std::span<float> out);
 
 /// The reverse of flatten_to: fills each tensor from consecutive slices of `in`. On a size
 /// mismatch it throws std::system_error(errc::size_mismatch) before writing anything.
-inline void unflatten_from(std::span<const tensor_ref> tensors, std::span<const float> in) {
-    detail::check_size(total_size(tensors), in.size(), "hivemesh::tensor::unflatten_from");
-    std::size_t offset = 0;
-    for (const auto& t : tensors) {
-        const std::size_t n = t.size();
-        t.copy_from(in.subspan(offset, n));
-        offset += n;
-    }
-}
+HIVEMESH_DECL void unflatten_from(std::span<const tensor_ref> tensors, std::span<const float> in);
 
 } // namespace hivemesh::tensor
+
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/tensor/impl/tensor.ipp"
+#endif
