@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How long a trainer's translation unit that uses hivemesh takes to compile: the README's RPC
 # snippet (readme_rpc.cpp beside this script), header-only, in the compiled mode
-# (HIVEMESH_SEPARATE_COMPILATION, the node's TCP instantiation then comes from
+# (HIVEMESH_SEPARATE_COMPILATION: what src/*.cpp compiles once then comes from
 # hivemesh::compiled), and in the compiled mode with <hivemesh/hivemesh.hpp> precompiled;
 # with a file that includes only <asio.hpp> and one that includes only
 # <hivemesh/hivemesh.hpp> for scale. Each is compiled with -O2 -c, RUNS times; the median
@@ -45,7 +45,7 @@ report() { # name, source, extra flags...
     >> "$work/json"
 }
 report "<asio.hpp> only" "$work/asio_only.cpp"
-report "<hivemesh/hivemesh.hpp> only" "$work/include_only.cpp"
+report "<hivemesh/hivemesh.hpp> only, header-only" "$work/include_only.cpp"
 report "README RPC snippet, header-only" readme_rpc.cpp
 report "README RPC snippet, compiled mode" readme_rpc.cpp -DHIVEMESH_SEPARATE_COMPILATION
 
