@@ -556,12 +556,11 @@ private:
 
 } // namespace hivemesh::dht
 
-// The private members, defined out of class, one file per job. Each of those files includes
-// this one first, so it also compiles alone; #pragma once breaks the cycle.
-// Header-only use sees the member definitions here. With HIVEMESH_SEPARATE_COMPILATION (the
-// hivemesh::compiled target) they are compiled once, in src/dht.cpp, for net::tcp and net::sim,
-// and a program links them from there; the TCP instantiation is declared extern so that
-// no translation unit instantiates it again.
+// The members defined out of class, one file per job (each includes this file first, so it
+// also compiles alone; #pragma once breaks the cycle). Header-only use sees them here. With
+// HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) they are compiled once, in
+// src/dht.cpp, for net::tcp and net::sim, and a program links them from there; the TCP
+// instantiation is declared extern so that no translation unit instantiates it again.
 #if !defined(HIVEMESH_SEPARATE_COMPILATION)
 #include "hivemesh/dht/impl/node_contacts.hpp"
 #include "hivemesh/dht/impl/node_lookup.hpp"

@@ -512,11 +512,11 @@ collaborative_optimizer(basic_peer<Transport>&, std::vector<parameter>, local_op
 
 } // namespace hivemesh::optim
 
-// The members defined out of class, one file per job; each includes this file first.
-// Header-only use sees the member definitions here. With HIVEMESH_SEPARATE_COMPILATION (the
-// hivemesh::compiled target) they are compiled once, in src/optim.cpp, for net::tcp and net::sim,
-// and a program links them from there; the TCP instantiation is declared extern so that
-// no translation unit instantiates it again.
+// The members defined out of class, one file per job (each includes this file first, so it
+// also compiles alone; #pragma once breaks the cycle). Header-only use sees them here. With
+// HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) they are compiled once, in
+// src/optim.cpp, for net::tcp and net::sim, and a program links them from there; the TCP
+// instantiation is declared extern so that no translation unit instantiates it again.
 #if !defined(HIVEMESH_SEPARATE_COMPILATION)
 #include "hivemesh/optim/impl/collaborative_delayed.hpp"
 #include "hivemesh/optim/impl/collaborative_rounds.hpp"

@@ -292,7 +292,8 @@ private:
     static asio::awaitable<void> publish_loop(shared_ptr st);
     /// Starts storing `record` (without waiting for it).
     static void publish(const shared_ptr& st, const progress_record& record, time_point now);
-    /// What async_close does: see there.
+    /// What async_close does: see there. Defined below the class, not in impl/: users
+    /// instantiate it.
     template <class Handler>
     static void shut(const shared_ptr& st, Handler handler);
 
@@ -317,7 +318,7 @@ private:
     shared_ptr state_;
 };
 
-// Instantiated by async_close's callers, so seen in the compiled mode too.
+// async_close's callers instantiate it, so it is seen in the compiled mode too.
 template <net::transport Transport>
 template <class Handler>
 void tracker<Transport>::shut(const shared_ptr& st, Handler handler) {
@@ -354,12 +355,11 @@ void tracker<Transport>::shut(const shared_ptr& st, Handler handler) {
 
 } // namespace hivemesh::progress
 
-// The private members, defined out of class, one file per job. Each of those files includes
-// this one first, so it also compiles alone; #pragma once breaks the cycle.
-// Header-only use sees the member definitions here. With HIVEMESH_SEPARATE_COMPILATION (the
-// hivemesh::compiled target) they are compiled once, in src/progress.cpp, for net::tcp and
-// net::sim, and a program links them from there; the TCP instantiation is declared extern so that
-// no translation unit instantiates it again.
+// The members defined out of class, one file per job (each includes this file first, so it
+// also compiles alone; #pragma once breaks the cycle). Header-only use sees them here. With
+// HIVEMESH_SEPARATE_COMPILATION (the hivemesh::compiled target) they are compiled once, in
+// src/progress.cpp, for net::tcp and net::sim, and a program links them from there; the TCP
+// instantiation is declared extern so that no translation unit instantiates it again.
 #if !defined(HIVEMESH_SEPARATE_COMPILATION)
 #include "hivemesh/progress/impl/tracker_estimating.hpp"
 #include "hivemesh/progress/impl/tracker_reporting.hpp"
