@@ -28,6 +28,7 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -199,34 +200,59 @@ HIVEMESH_DECL asio::awaitable<dial_outcome> dial_address(asio::any_io_executor s
 HIVEMESH_DECL asio::awaitable<dial_outcome> run_dial(asio::any_io_executor socket_executor,
                                                      asio::awaitable<dial_outcome> dial);
 
+/// Makes the dial coroutine, given its deadline.
+using dial_maker = std::function<asio::awaitable<dial_outcome>(steady_time)>;
+
+/// async_dial's initiation: a named type, so that async_dial's return type is known without
+/// instantiating its body (the net::transport concept asks for it in every translation unit).
+struct initiate_dial {
+    asio::any_io_executor executor;
+    hivemesh::duration timeout;
+
+    template <class Handler>
+    void operator()(Handler&& handler, const dial_maker& make) const {
+        using handler_type = std::decay_t<Handler>;
+        // The deadline counts from initiation, which for deferred tokens is the launch.
+        auto dial = run_dial(executor, make(deadline_after(timeout)));
+        const asio::any_io_executor strand = asio::make_strand(executor);
+        auto caller_slot = asio::get_associated_cancellation_slot(handler);
+        if (!caller_slot.is_connected()) {
+            asio::co_spawn(strand, std::move(dial),
+                           dial_completion<handler_type>(std::forward<Handler>(handler)));
+            return;
+        }
+        auto dial_signal = std::make_shared<asio::cancellation_signal>();
+        caller_slot.template emplace<cancellation_relay>(strand, dial_signal);
+        const asio::cancellation_slot dial_slot = dial_signal->slot();
+        asio::co_spawn(strand, std::move(dial),
+                       asio::bind_cancellation_slot(
+                           dial_slot, dial_completion<handler_type>(std::forward<Handler>(handler),
+                                                                    std::move(dial_signal))));
+    }
+};
+
 /// Starts `make_dial(deadline)` on a private strand (so the deadline timer, the lookup
 /// handler, cancellation and the dial never run concurrently on a multi-threaded executor)
 /// and completes `token` with `(error_code, socket)`.
-template <class Token, class MakeDial>
-auto async_dial(asio::any_io_executor executor, hivemesh::duration timeout, MakeDial make_dial,
-                Token&& token) {
+template <class Token>
+auto async_dial(asio::any_io_executor executor, hivemesh::duration timeout, dial_maker make_dial,
+                Token&& token)
+    -> decltype(asio::async_initiate<Token, void(std::error_code, asio::ip::tcp::socket)>(
+        std::declval<initiate_dial>(), token, std::move(make_dial))) {
     return asio::async_initiate<Token, void(std::error_code, asio::ip::tcp::socket)>(
-        [executor, timeout](auto handler, MakeDial make) {
-            using handler_type = std::decay_t<decltype(handler)>;
-            // The deadline counts from initiation, which for deferred tokens is the launch.
-            auto dial = run_dial(executor, make(deadline_after(timeout)));
-            const asio::any_io_executor strand = asio::make_strand(executor);
-            auto caller_slot = asio::get_associated_cancellation_slot(handler);
-            if (!caller_slot.is_connected()) {
-                asio::co_spawn(strand, std::move(dial),
-                               dial_completion<handler_type>(std::move(handler)));
-                return;
-            }
-            auto dial_signal = std::make_shared<asio::cancellation_signal>();
-            caller_slot.template emplace<cancellation_relay>(strand, dial_signal);
-            const asio::cancellation_slot dial_slot = dial_signal->slot();
-            asio::co_spawn(strand, std::move(dial),
-                           asio::bind_cancellation_slot(
-                               dial_slot, dial_completion<handler_type>(std::move(handler),
-                                                                        std::move(dial_signal))));
-        },
-        token, std::move(make_dial));
+        initiate_dial{std::move(executor), timeout}, token, std::move(make_dial));
 }
+
+/// listener::async_accept's initiation, named for the same reason as initiate_dial.
+struct initiate_accept {
+    asio::ip::tcp::acceptor* acceptor;
+
+    template <class Handler>
+    void operator()(Handler&& handler) const {
+        acceptor->async_accept(acceptor->get_executor(), accept_completion<std::decay_t<Handler>>(
+                                                             std::forward<Handler>(handler)));
+    }
+};
 
 } // namespace detail
 
@@ -265,14 +291,11 @@ public:
     /// that error. The socket's executor is the listener's.
     /// Cancellation: per-operation (terminal, partial and total), as the acceptor supports.
     template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, socket_type)) Token>
-    auto async_accept(Token&& token) {
+    auto async_accept(Token&& token)
+        -> decltype(asio::async_initiate<Token, void(std::error_code, socket_type)>(
+            std::declval<detail::initiate_accept>(), token)) {
         return asio::async_initiate<Token, void(std::error_code, socket_type)>(
-            [this](auto handler) {
-                using handler_type = std::decay_t<decltype(handler)>;
-                acceptor_.async_accept(acceptor_.get_executor(),
-                                       detail::accept_completion<handler_type>(std::move(handler)));
-            },
-            token);
+            detail::initiate_accept{&acceptor_}, token);
     }
 
     /// Stops listening; pending accepts complete with operation_aborted.
@@ -339,7 +362,9 @@ public:
     /// Cancellation: per-operation, any type (terminal, partial, total): the attempt stops,
     /// its socket is closed and the operation completes with operation_aborted.
     template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, stream_type)) Token>
-    auto async_connect(const endpoint_type& remote, hivemesh::duration timeout, Token&& token) {
+    auto async_connect(const endpoint_type& remote, hivemesh::duration timeout, Token&& token)
+        -> decltype(detail::async_dial(std::declval<executor_type>(), timeout, detail::dial_maker{},
+                                       std::forward<Token>(token))) {
         return detail::async_dial(
             executor_, timeout,
             [socket_executor = executor_, remote](detail::steady_time deadline) {
@@ -350,7 +375,8 @@ public:
 
     /// As above with connect_timeout().
     template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, stream_type)) Token>
-    auto async_connect(const endpoint_type& remote, Token&& token) {
+    auto async_connect(const endpoint_type& remote, Token&& token)
+        -> decltype(async_connect(remote, hivemesh::duration{}, std::forward<Token>(token))) {
         return async_connect(remote, connect_timeout_, std::forward<Token>(token));
     }
 
