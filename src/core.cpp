@@ -4,6 +4,7 @@
 #include <hivemesh/compression/impl/adaptive.ipp>
 #include <hivemesh/compression/impl/codecs.ipp>
 #include <hivemesh/compression/impl/compress.ipp>
+#include <hivemesh/compression/impl/float16.ipp>
 #include <hivemesh/core/impl/async.ipp>
 #include <hivemesh/crypto/impl/identity.ipp>
 #include <hivemesh/crypto/impl/peer_id.ipp>

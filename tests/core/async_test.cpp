@@ -1,6 +1,7 @@
 #include <hivemesh/core/async.hpp>
 
 #include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -12,6 +13,7 @@
 #include <asio/strand.hpp>
 #include <asio/system_executor.hpp>
 #include <asio/thread_pool.hpp>
+#include <asio/use_future.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -188,6 +190,77 @@ TEST_CASE("co_launch with on_cancel calls it when the slot is emitted and clears
     CHECK_FALSE(signal.slot().has_handler()); // cleared before completion
     signal.emit(asio::cancellation_type::terminal);
     CHECK(cancels == 1);
+    CHECK(log.lines.empty());
+}
+
+TEST_CASE("erased_handler keeps the held handler's executor busy and completes on it",
+          "[core][async]") {
+    using handler_type = hivemesh::erased_handler<void(std::error_code, int)>;
+    asio::io_context io;
+    asio::io_context handler_io; // the held handler's own executor
+    std::optional<std::pair<std::error_code, int>> seen;
+    bool on_handler_io = false;
+    handler_type erased(
+        asio::bind_executor(handler_io.get_executor(),
+                            [&](std::error_code ec, int value) {
+                                on_handler_io = handler_io.get_executor().running_in_this_thread();
+                                seen = std::pair{ec, value};
+                            }),
+        io.get_executor());
+    handler_io.poll();
+    CHECK_FALSE(handler_io.stopped()); // outstanding work until the handler has run
+    hivemesh::co_launch(io.get_executor(), returns_value(42), std::move(erased), "erased");
+    io.run();
+    CHECK_FALSE(seen); // posted to handler_io, not run on io
+    handler_io.run();
+    REQUIRE(seen);
+    CHECK(seen->first == std::error_code{});
+    CHECK(seen->second == 42);
+    CHECK(on_handler_io);
+
+    // Destroyed without being invoked, it releases the work and never calls the handler.
+    asio::io_context idle_io;
+    bool called = false;
+    {
+        handler_type dropped(asio::bind_executor(idle_io.get_executor(),
+                                                 [&](std::error_code, int) { called = true; }),
+                             io.get_executor());
+    }
+    idle_io.poll();
+    CHECK(idle_io.stopped());
+    CHECK_FALSE(called);
+}
+
+TEST_CASE("erased_handler carries the held handler's cancellation slot and works with use_future",
+          "[core][async]") {
+    captured_errors log;
+    asio::io_context io;
+    asio::cancellation_signal signal;
+    std::optional<std::error_code> seen;
+    hivemesh::erased_handler<void(std::error_code)> erased(
+        asio::bind_cancellation_slot(signal.slot(), [&seen](std::error_code ec) { seen = ec; }),
+        io.get_executor());
+    CHECK(erased.get_cancellation_slot() == signal.slot());
+    hivemesh::co_launch(io.get_executor(), waits_an_hour(), std::move(erased), "waits");
+    io.run_for(10ms);
+    CHECK_FALSE(seen);
+    signal.emit(asio::cancellation_type::terminal);
+    io.run_for(1s);
+    REQUIRE(seen);
+    CHECK(*seen == errc::cancelled);
+
+    // use_future's handler, whose associated executor runs it in place.
+    io.restart();
+    auto value = asio::async_initiate<decltype(asio::use_future), void(std::error_code, int)>(
+        [&io](auto handler) {
+            hivemesh::co_launch(io.get_executor(), returns_value(7),
+                                hivemesh::erased_handler<void(std::error_code, int)>(
+                                    std::move(handler), io.get_executor()),
+                                "future");
+        },
+        asio::use_future);
+    io.run();
+    CHECK(value.get() == 7);
     CHECK(log.lines.empty());
 }
 

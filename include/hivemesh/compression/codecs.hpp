@@ -9,6 +9,7 @@
 //   blockwise_8bit  u32 block_size | f32 absmax[blocks] | u8 codes[count]
 #pragma once
 
+#include "hivemesh/compression/cpu_features.hpp"
 #include "hivemesh/compression/dynamic_map.hpp"
 #include "hivemesh/compression/float16.hpp"
 #include "hivemesh/compression/kind.hpp"

@@ -1,9 +1,9 @@
-// Run-time CPU feature checks, so fast paths need no -march flag at build time.
+// Run-time CPU feature checks, so fast paths need no -march flag at build time. The code
+// that uses the intrinsics includes <immintrin.h> itself (it is large, and only impl/ needs it).
 #pragma once
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
-#include <immintrin.h>
 #define HIVEMESH_X86 1
 #endif
 

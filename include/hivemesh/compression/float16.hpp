@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "hivemesh/compression/cpu_features.hpp"
+#include "hivemesh/core/config.hpp"
 
 namespace hivemesh::compression::detail {
 
@@ -63,50 +63,14 @@ constexpr float clamp_to_half_range(float x) noexcept {
     return x > float16_max ? float16_max : (x < -float16_max ? -float16_max : x);
 }
 
-#ifdef HIVEMESH_X86
-__attribute__((target("avx,f16c"))) inline void
-floats_to_halves_f16c(const float* in, std::uint16_t* out, std::size_t n) noexcept {
-    const __m256 hi = _mm256_set1_ps(float16_max);
-    const __m256 lo = _mm256_set1_ps(-float16_max);
-    std::size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        // min/max return their second operand when either is NaN: NaN passes through.
-        __m256 v = _mm256_loadu_ps(in + i);
-        v = _mm256_max_ps(lo, _mm256_min_ps(hi, v));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                         _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    }
-    for (; i < n; ++i)
-        out[i] = float_to_half_bits(clamp_to_half_range(in[i]));
-}
+/// Converts n floats to clamped halves (F16C where the CPU has it).
+HIVEMESH_DECL void floats_to_halves(const float* in, std::uint16_t* out, std::size_t n) noexcept;
 
-__attribute__((target("avx,f16c"))) inline void
-halves_to_floats_f16c(const std::uint16_t* in, float* out, std::size_t n) noexcept {
-    std::size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(
-            out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
-    for (; i < n; ++i)
-        out[i] = half_bits_to_float(in[i]);
-}
-
-#endif
-
-/// Converts n floats to clamped halves.
-inline void floats_to_halves(const float* in, std::uint16_t* out, std::size_t n) noexcept {
-#ifdef HIVEMESH_X86
-    if (cpu().f16c) return floats_to_halves_f16c(in, out, n);
-#endif
-    for (std::size_t i = 0; i < n; ++i)
-        out[i] = float_to_half_bits(clamp_to_half_range(in[i]));
-}
-
-inline void halves_to_floats(const std::uint16_t* in, float* out, std::size_t n) noexcept {
-#ifdef HIVEMESH_X86
-    if (cpu().f16c) return halves_to_floats_f16c(in, out, n);
-#endif
-    for (std::size_t i = 0; i < n; ++i)
-        out[i] = half_bits_to_float(in[i]);
-}
+/// Converts n halves to floats (F16C where the CPU has it).
+HIVEMESH_DECL void halves_to_floats(const std::uint16_t* in, float* out, std::size_t n) noexcept;
 
 } // namespace hivemesh::compression::detail
+
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/compression/impl/float16.ipp"
+#endif

@@ -170,6 +170,64 @@ private:
     asio::experimental::channel<void(std::error_code, bool)> channel_;
 };
 
+template <class Signature>
+class erased_handler;
+
+/// A move-only completion handler that holds any handler of the signature void(Args...), so
+/// that the code which starts an operation need not be a template on the handler type and
+/// can be compiled once (the compiled mode). It keeps what Asio associates with the handler
+/// it holds: the cancellation slot is this handler's own, and the held handler runs on its
+/// associated executor (the `fallback` given at construction if it has none), which is kept
+/// busy until then. The associated allocator is not kept: the holder is allocated with new.
+/// Invoking an empty erased_handler (moved from) is undefined.
+template <class... Args>
+class erased_handler<void(Args...)> {
+public:
+    using cancellation_slot_type = asio::cancellation_slot;
+
+    template <class Handler>
+    erased_handler(Handler handler, const asio::any_io_executor& fallback)
+        : slot_(asio::get_associated_cancellation_slot(handler))
+        , held_(std::make_unique<holder<Handler>>(std::move(handler), fallback)) {}
+
+    erased_handler(erased_handler&&) noexcept = default;
+    erased_handler& operator=(erased_handler&&) noexcept = default;
+
+    cancellation_slot_type get_cancellation_slot() const noexcept { return slot_; }
+
+    void operator()(Args... args) {
+        auto held = std::move(held_);
+        held->complete(std::move(args)...);
+    }
+
+private:
+    struct base {
+        virtual ~base() = default;
+        virtual void complete(Args... args) = 0;
+    };
+
+    template <class Handler>
+    struct holder final : base {
+        holder(Handler h, const asio::any_io_executor& fallback)
+            : work(asio::make_work_guard(asio::get_associated_executor(h, fallback)))
+            , handler(std::move(h)) {}
+
+        void complete(Args... args) override {
+            auto ex = work.get_executor();
+            asio::dispatch(ex, [work = std::move(work), handler = std::move(handler),
+                                ... args = std::move(args)]() mutable {
+                std::move(handler)(std::move(args)...);
+            });
+        }
+
+        asio::executor_work_guard<asio::associated_executor_t<Handler, asio::any_io_executor>> work;
+        Handler handler;
+    };
+
+    asio::cancellation_slot slot_;
+    std::unique_ptr<base> held_;
+};
+
 /// Runs `work` on `executor` and resumes on the awaiting coroutine's executor; without an
 /// executor runs it inline. Rethrows what `work` throws.
 template <class Work>

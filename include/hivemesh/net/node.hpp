@@ -273,10 +273,8 @@ public:
         return asio::async_initiate<Token, void(std::error_code, byte_buffer)>(
             [st = state_](auto handler, peer target, std::string method, byte_buffer request,
                           duration timeout) {
-                co_launch(st->executor,
-                          unary_call(st, std::move(target), std::move(method), std::move(request),
-                                     timeout),
-                          std::move(handler), "net::node::async_call");
+                start_call(st, std::move(target), std::move(method), std::move(request), timeout,
+                           call_handler(std::move(handler), st->executor));
             },
             token, std::move(target), std::move(method), std::move(request), timeout);
     }
@@ -393,6 +391,12 @@ private:
     static asio::awaitable<void> sweep_idle(state_ptr st);
 
     // ---- calls (impl/node_calls.hpp) -----------------------------------------------
+
+    /// async_call's handler, erased so that start_call is compiled once.
+    using call_handler = erased_handler<void(std::error_code, byte_buffer)>;
+
+    static void start_call(const state_ptr& st, peer target, std::string method,
+                           byte_buffer request, duration timeout, call_handler handler);
 
     static asio::awaitable<call_result> unary_call(state_ptr st, peer target, std::string method,
                                                    byte_buffer request, duration timeout);

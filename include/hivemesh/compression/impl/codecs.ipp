@@ -3,6 +3,11 @@
 #pragma once
 
 #include "hivemesh/compression/codecs.hpp"
+#include "hivemesh/compression/cpu_features.hpp"
+
+#ifdef HIVEMESH_X86
+#include <immintrin.h>
+#endif
 
 namespace hivemesh::compression::detail {
 

@@ -41,6 +41,14 @@ asio::awaitable<std::error_code> node<Transport>::open_call(peer target, std::st
 }
 
 template <transport Transport>
+void node<Transport>::start_call(const state_ptr& st, peer target, std::string method,
+                                 byte_buffer request, duration timeout, call_handler handler) {
+    co_launch(st->executor,
+              unary_call(st, std::move(target), std::move(method), std::move(request), timeout),
+              std::move(handler), "net::node::async_call");
+}
+
+template <transport Transport>
 asio::awaitable<call_result> node<Transport>::unary_call(state_ptr st, peer target,
                                                          std::string method, byte_buffer request,
                                                          duration timeout) {

@@ -3,10 +3,10 @@
 
 #include "hivemesh/net/tcp.hpp"
 
-#include <asio.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/deferred.hpp>
 #include <asio/experimental/parallel_group.hpp>
+#include <asio/ip/v6_only.hpp>
 
 #include <chrono>
 #include <memory>
