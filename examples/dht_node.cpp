@@ -261,7 +261,6 @@ int run(const options& opts) {
     net::tcp::transport transport(io.get_executor());
     auto identity = opts.identity_file ? crypto::identity::load_or_create(*opts.identity_file)
                                        : crypto::identity::generate();
-    auto validator = std::make_shared<dht::owner_validator>(identity);
     net::node_options rpc_options;
     rpc_options.security.plaintext = opts.plaintext;
     rpc_node_type rpc(transport, std::move(identity), rpc_options);
@@ -281,8 +280,7 @@ int run(const options& opts) {
                                   : asio::ip::address(asio::ip::address_v6::loopback()));
         first_line = "listening " + net::tcp::to_address(*announce, rpc.id()).to_string();
     }
-    dht_node_type dht(rpc, announce);
-    dht.add_validator(validator);
+    dht_node_type dht(rpc, announce); // checks and signs owner markers for `identity`
     if (listener) rpc.serve(std::move(*listener));
 
     auto work = asio::make_work_guard(io);
@@ -320,7 +318,8 @@ int run(const options& opts) {
                              "all nodes agree on --plaintext? Retrying in the background)\n";
             }
         }
-        session s(dht, io, first_line, validator->marker(), std::chrono::seconds(opts.ttl_seconds));
+        session s(dht, io, first_line, dht::owner_marker(rpc.identity().public_key()),
+                  std::chrono::seconds(opts.ttl_seconds));
         for (std::string line; std::getline(std::cin, line);)
             if (!s.handle(line)) break;
     } catch (const std::exception& e) {

@@ -1,5 +1,6 @@
 // The DHT node with 20 peers: every case runs over loopback TCP and on the simulated network.
 #include "support/bytes.hpp"
+#include "support/dht_attacks.hpp"
 #include "support/swarm_checks.hpp"
 
 #include <hivemesh/dht/node.hpp>
@@ -7,7 +8,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 using namespace hivemesh;
 using namespace std::chrono_literals;
@@ -279,65 +283,114 @@ TEMPLATE_TEST_CASE("falsy keys, subkeys and values work", "[dht][node]", sim_wor
 
 TEMPLATE_TEST_CASE("a protected subkey belongs to its owner, also after the owner leaves",
                    "[dht][node][protection]", sim_world, tcp_world) {
+    // No validator added: every node checks owner markers.
     swarm<TestType> s;
-    s.options.cache_on_get = false;
-    for (std::size_t i = 0; i < peer_count; ++i) {
-        auto& m = s.add(1000 + i);
-        m.dht->add_validator(std::make_shared<dht::owner_validator>(m.rpc->identity()));
-    }
-    test::bootstrap(s, 1, 5);
+    start(s);
     const auto t0 = now(s);
     auto& owner = s.members[4];
-    auto& intruder = s.members[9];
     const auto key = bytes_of("progress");
-    const auto subkey = bytes_of(dht::owner_marker(owner.rpc->identity().public_key()));
+    const auto subkey = test::marker_of(owner.rpc->identity());
     auto [ec, outcome] = store(s, 4,
                                dht::record{.key = key,
                                            .subkey = subkey,
                                            .value = bytes_of("mine"),
-                                           .expiration = t0 + 1h,
+                                           .expiration = t0 + 2min,
                                            .signature = {}});
     REQUIRE_FALSE(ec);
     CHECK(outcome.replicas == 5);
+    auto [oec, original] = get(s, 15, key, true);
+    REQUIRE_FALSE(oec);
+    REQUIRE(original.dictionary.size() == 1);
+    const dht::stored_value held = original.dictionary.at(subkey);
+    const dht::record mine = original.to_record(subkey, held);
+    CHECK(mine.signature.size() == 64);
 
-    const auto intrude = [&] {
+    const auto intrude = [&](const std::set<std::size_t>& stopped) {
         // Through the API: the intruder cannot sign, so its node refuses to send.
         auto [iec, refused] = store(s, 9,
                                     dht::record{.key = key,
                                                 .subkey = subkey,
                                                 .value = bytes_of("stolen"),
-                                                .expiration = t0 + 2h,
+                                                .expiration = t0 + 3min,
                                                 .signature = {}});
         CHECK(iec == errc::store_refused);
         REQUIRE(refused.refusal);
         CHECK(*refused.refusal == dht::store_status::invalid);
-        // Straight to every node, signed with the intruder's own key: each refuses it.
-        dht::record forged{key, subkey, bytes_of("stolen"), t0 + 2h, {}};
-        const auto signature = intruder.rpc->identity().sign(dht::signing_payload(forged));
-        forged.signature.assign(signature.view().begin(), signature.view().end());
-        dht::store_request request{{}, {{forged, false}}};
+        // Straight to every node: a value or a tombstone (an empty value), unsigned or signed
+        // with the intruder's own key, and the owner's record with a later expiration under
+        // the owner's signature. Each node refuses each.
+        const dht::record stolen{key, subkey, bytes_of("stolen"), t0 + 3min, {}};
+        const dht::record tombstone{key, subkey, {}, t0 + 3min, {}};
+        dht::record extended = mine;
+        extended.expiration = t0 + 3min;
+        const auto& intruder = s.members[9].rpc->identity();
+        const auto statuses =
+            test::raw_store_everywhere(s, 9,
+                                       {stolen, test::signed_by(stolen, intruder), tombstone,
+                                        test::signed_by(tombstone, intruder), extended},
+                                       stopped);
         for (std::size_t i = 0; i < peer_count; ++i) {
             if (i == 4 || i == 9) continue;
-            auto [cec, raw] =
-                test::wait_for<std::error_code, byte_buffer>(s.world, [&](auto handler) {
-                    intruder.rpc->async_call(s.members[i].address(), "dht.store",
-                                             dht::encode(request), 10s, handler);
-                });
-            REQUIRE_FALSE(cec);
-            dht::store_response response;
-            REQUIRE_FALSE(dht::decode(raw, response));
-            REQUIRE(response.statuses.size() == 1);
-            CHECK(response.statuses[0] == dht::store_status::invalid);
+            INFO("node " << i);
+            CHECK(statuses[i] == std::vector<dht::store_status>(5, dht::store_status::invalid));
         }
         auto [gec, entry] = get(s, 15, key, true);
         REQUIRE_FALSE(gec);
         REQUIRE(entry.dictionary.size() == 1);
-        CHECK(entry.dictionary.at(subkey).value == bytes_of("mine"));
+        CHECK(entry.dictionary.at(subkey) == held);
     };
-    intrude();
+    intrude({});
     owner.dht->close();
     owner.rpc->close();
-    intrude();
+    intrude({4});
+}
+
+TEMPLATE_TEST_CASE("an owner's older record sent again loses to its newer one",
+                   "[dht][node][protection]", sim_world, tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    const auto t0 = now(s);
+    const auto key = bytes_of("declarations");
+    const auto subkey = test::marker_of(s.members[4].rpc->identity());
+    const auto put = [&](const char* value, time_point expiration) {
+        auto [ec, outcome] = store(s, 4,
+                                   dht::record{.key = key,
+                                               .subkey = subkey,
+                                               .value = bytes_of(value),
+                                               .expiration = expiration,
+                                               .signature = {}});
+        REQUIRE_FALSE(ec);
+        auto [gec, entry] = get(s, 15, key, true);
+        REQUIRE_FALSE(gec);
+        REQUIRE(entry.dictionary.size() == 1);
+        return entry.to_record(subkey, entry.dictionary.at(subkey));
+    };
+    const dht::record older = put("older", t0 + 1min);
+    const dht::record newer = put("newer", t0 + 2min);
+    // Replayed to every node: those that hold the newer record keep it; the others may take
+    // the older one, which is genuine, and readers still see the newer.
+    std::vector<std::optional<dht::stored_value>> before;
+    for (std::size_t i = 0; i < peer_count; ++i)
+        before.push_back(test::held(s, i, key, subkey));
+    const auto statuses = test::raw_store_everywhere(s, 9, {older});
+    std::size_t holders = 0;
+    for (std::size_t i = 0; i < peer_count; ++i) {
+        if (i == 9) continue;
+        INFO("node " << i);
+        holders += before[i] ? 1 : 0;
+        CHECK(statuses[i].front() ==
+              (before[i] ? dht::store_status::outdated : dht::store_status::stored));
+        const dht::stored_value kept =
+            before[i] ? *before[i]
+                      : dht::stored_value{older.value, older.expiration, older.signature};
+        CHECK(test::held(s, i, key, subkey) == kept);
+    }
+    CHECK(holders >= 5);
+    for (std::size_t i = 0; i < peer_count; ++i) {
+        auto [gec, entry] = get(s, i, key, true);
+        REQUIRE_FALSE(gec);
+        CHECK(entry.to_record(subkey, entry.dictionary.at(subkey)) == newer);
+    }
 }
 
 TEMPLATE_TEST_CASE("a client asks but serves nothing and stays out of routing tables",
