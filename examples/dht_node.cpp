@@ -16,7 +16,8 @@
 //   quit                   (or end of input) closes the node and exits
 //
 // Keys, subkeys and values are words (no whitespace); bytes that are not printable ASCII
-// are shown as \xNN. Values live --ttl seconds (default 3600). A key holds either a plain
+// are shown as \xNN. Values live --ttl seconds (default 240; at most 300, as nodes refuse
+// expirations further ahead: dht::storage_limits::max_lifetime). A key holds either a plain
 // value or a dictionary: a put of the other kind replaces it (the later expiration wins).
 //
 // Threading: one io thread runs the network and the DHT; the main thread reads stdin and
@@ -66,7 +67,7 @@ struct options {
     std::optional<std::string> identity_file;
     bool client = false;
     bool plaintext = false;
-    long long ttl_seconds = 3600;
+    long long ttl_seconds = 240;
 };
 
 /// "HOST:PORT", with an IPv6 host in brackets: "[::1]:4242".
@@ -125,8 +126,11 @@ options parse_options(int argc, char** argv) {
     app.add_flag("--client", out.client, "ask but serve nothing (no listening socket)");
     app.add_flag("--plaintext", out.plaintext,
                  "authenticated but unencrypted connections (all nodes must agree)");
-    app.add_option("--ttl", out.ttl_seconds, "lifetime in seconds of the values this node puts")
-        ->check(CLI::Range(1LL, 10LL * 365 * 24 * 3600));
+    const auto max_ttl =
+        std::chrono::duration_cast<std::chrono::seconds>(dht::storage_limits{}.max_lifetime);
+    app.add_option("--ttl", out.ttl_seconds,
+                   "lifetime in seconds of the values this node puts (nodes refuse more)")
+        ->check(CLI::Range(1LL, static_cast<long long>(max_ttl.count())));
     try {
         app.parse(argc, argv);
         out.listen = parse_host_port(listen);

@@ -115,7 +115,7 @@ void advertise_by_hand(swarm<World>& s, std::size_t i, double priority) {
             m.dht->async_store(dht::record{.key = key,
                                            .subkey = to_buffer(m.rpc->id().view()),
                                            .value = averaging::encode(record),
-                                           .expiration = s.world.now() + 1h,
+                                           .expiration = s.world.now() + 4min,
                                            .signature = {}},
                                handler);
         });

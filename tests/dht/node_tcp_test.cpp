@@ -99,7 +99,7 @@ TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node
                                dht::record{.key = key,
                                            .subkey = std::nullopt,
                                            .value = value,
-                                           .expiration = t0 + 1h,
+                                           .expiration = t0 + 2min,
                                            .signature = {}});
     REQUIRE_FALSE(ec);
     CHECK(outcome.replicas == 5);
@@ -110,7 +110,7 @@ TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node
         REQUIRE(entry.plain);
         CHECK(entry.key == key);
         CHECK(entry.plain->value == value);
-        CHECK(entry.plain->expiration == t0 + 1h);
+        CHECK(entry.plain->expiration == t0 + 2min);
         CHECK(entry.dictionary.empty());
     }
 
@@ -121,7 +121,7 @@ TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node
                                dht::record{.key = dict,
                                            .subkey = bytes_of("peer" + std::to_string(n)),
                                            .value = bytes_of("v" + std::to_string(n)),
-                                           .expiration = t0 + std::chrono::minutes(10 + n),
+                                           .expiration = t0 + std::chrono::minutes(2 + n),
                                            .signature = {}});
         REQUIRE_FALSE(sec);
         CHECK(so.replicas == 5);
@@ -131,14 +131,14 @@ TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node
                                 dht::record{.key = dict,
                                             .subkey = bytes_of("peer1"),
                                             .value = bytes_of("v1b"),
-                                            .expiration = t0 + 30min,
+                                            .expiration = t0 + 270s,
                                             .signature = {}});
     REQUIRE_FALSE(uec);
     auto [oec, old] = store(s, 9,
                             dht::record{.key = dict,
                                         .subkey = bytes_of("peer2"),
                                         .value = bytes_of("old"),
-                                        .expiration = t0 + 5min,
+                                        .expiration = t0 + 1min,
                                         .signature = {}});
     CHECK(oec == errc::store_refused);
     REQUIRE(old.refusal);
@@ -149,11 +149,11 @@ TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node
         CHECK_FALSE(entry.plain);
         REQUIRE(entry.dictionary.size() == 3);
         CHECK(entry.dictionary.at(bytes_of("peer0")).value == bytes_of("v0"));
-        CHECK(entry.dictionary.at(bytes_of("peer0")).expiration == t0 + 10min);
+        CHECK(entry.dictionary.at(bytes_of("peer0")).expiration == t0 + 2min);
         CHECK(entry.dictionary.at(bytes_of("peer1")).value == bytes_of("v1b"));
-        CHECK(entry.dictionary.at(bytes_of("peer1")).expiration == t0 + 30min);
+        CHECK(entry.dictionary.at(bytes_of("peer1")).expiration == t0 + 270s);
         CHECK(entry.dictionary.at(bytes_of("peer2")).value == bytes_of("v2"));
-        CHECK(entry.dictionary.at(bytes_of("peer2")).expiration == t0 + 12min);
+        CHECK(entry.dictionary.at(bytes_of("peer2")).expiration == t0 + 4min);
     }
     auto [mec, missing] = get(s, 2, bytes_of("nobody stored this"));
     CHECK(mec == errc::not_found);
@@ -216,7 +216,7 @@ TEMPLATE_TEST_CASE("exactly num_replicas copies, and storing again does not grow
                                    dht::record{.key = key,
                                                .subkey = std::nullopt,
                                                .value = bytes_of("x"),
-                                               .expiration = t0 + 1h,
+                                               .expiration = t0 + 2min,
                                                .signature = {}});
         REQUIRE_FALSE(ec);
         CHECK(outcome.replicas == 5);
@@ -230,13 +230,13 @@ TEMPLATE_TEST_CASE("exactly num_replicas copies, and storing again does not grow
               dht::record{.key = key,
                           .subkey = std::nullopt,
                           .value = bytes_of("x"),
-                          .expiration = t0 + 1h,
+                          .expiration = t0 + 2min,
                           .signature = {}});
         auto [ec, outcome] = store(s, 12,
                                    dht::record{.key = key,
                                                .subkey = std::nullopt,
                                                .value = bytes_of("y"),
-                                               .expiration = t0 + 2h,
+                                               .expiration = t0 + 3min,
                                                .signature = {}});
         REQUIRE_FALSE(ec);
         CHECK(outcome.replicas == 5);
@@ -255,18 +255,18 @@ TEMPLATE_TEST_CASE("falsy keys, subkeys and values work", "[dht][node]", sim_wor
                           dht::record{.key = empty,
                                       .subkey = std::nullopt,
                                       .value = empty,
-                                      .expiration = t0 + 1h,
+                                      .expiration = t0 + 2min,
                                       .signature = {}});
     REQUIRE_FALSE(e1);
     auto [e2, o2] = store(
         s, 2,
         dht::record{
-            .key = zero, .subkey = empty, .value = zero, .expiration = t0 + 1h, .signature = {}});
+            .key = zero, .subkey = empty, .value = zero, .expiration = t0 + 2min, .signature = {}});
     REQUIRE_FALSE(e2);
     auto [e3, o3] = store(
         s, 3,
         dht::record{
-            .key = zero, .subkey = zero, .value = empty, .expiration = t0 + 2h, .signature = {}});
+            .key = zero, .subkey = zero, .value = empty, .expiration = t0 + 3min, .signature = {}});
     REQUIRE_FALSE(e3);
     auto [g1, plain] = get(s, 10, empty);
     REQUIRE_FALSE(g1);
@@ -278,7 +278,7 @@ TEMPLATE_TEST_CASE("falsy keys, subkeys and values work", "[dht][node]", sim_wor
     REQUIRE(dict.dictionary.size() == 2);
     CHECK(dict.dictionary.at(empty).value == zero);
     CHECK(dict.dictionary.at(zero).value.empty());
-    CHECK(dict.dictionary.at(zero).expiration == t0 + 2h);
+    CHECK(dict.dictionary.at(zero).expiration == t0 + 3min);
 }
 
 TEMPLATE_TEST_CASE("a protected subkey belongs to its owner, also after the owner leaves",
@@ -393,6 +393,48 @@ TEMPLATE_TEST_CASE("an owner's older record sent again loses to its newer one",
     }
 }
 
+TEMPLATE_TEST_CASE("an expiration more than max_lifetime ahead is refused, and readers ignore "
+                   "one from a node that took it",
+                   "[dht][node][protection]", sim_world, tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    const auto t0 = now(s);
+    const auto key = bytes_of("pinned");
+    const auto subkey = test::marker_of(s.members[4].rpc->identity());
+    // Through the API: every replica, the writer too, refuses it.
+    auto [ec, outcome] = store(s, 4,
+                               dht::record{.key = key,
+                                           .subkey = subkey,
+                                           .value = bytes_of("for a year"),
+                                           .expiration = t0 + 8760h,
+                                           .signature = {}});
+    CHECK(ec == errc::store_refused);
+    REQUIRE(outcome.refusal);
+    CHECK(*outcome.refusal == dht::store_status::too_far_ahead);
+    // A node that keeps what the others would not.
+    s.options.storage.max_lifetime = 24h * 366;
+    s.add(2000);
+    test::bootstrap(s, peer_count);
+    const std::size_t lenient = peer_count;
+    // Straight to every node, signed by its owner: only the lenient node takes it.
+    const auto pinned =
+        test::signed_by(dht::record{key, subkey, bytes_of("for a year"), t0 + 8760h, {}},
+                        s.members[4].rpc->identity());
+    const auto statuses = test::raw_store_everywhere(s, 4, {pinned});
+    for (std::size_t i = 0; i < s.members.size(); ++i) {
+        if (i == 4) continue;
+        INFO("node " << i);
+        CHECK(statuses[i].front() ==
+              (i == lenient ? dht::store_status::stored : dht::store_status::too_far_ahead));
+    }
+    // Every other reader's lookup reaches the lenient node (k = 20 covers the swarm) and drops
+    // the record.
+    for (std::size_t i = 0; i < peer_count; ++i) {
+        auto [gec, entry] = get(s, i, key, true);
+        CHECK(gec == errc::not_found);
+    }
+}
+
 TEMPLATE_TEST_CASE("a client asks but serves nothing and stays out of routing tables",
                    "[dht][node]", sim_world, tcp_world) {
     swarm<TestType> s;
@@ -410,7 +452,7 @@ TEMPLATE_TEST_CASE("a client asks but serves nothing and stays out of routing ta
                                dht::record{.key = bytes_of("from a client"),
                                            .subkey = std::nullopt,
                                            .value = bytes_of("hi"),
-                                           .expiration = t0 + 1h,
+                                           .expiration = t0 + 2min,
                                            .signature = {}});
     REQUIRE_FALSE(ec);
     CHECK(outcome.replicas == 5);
@@ -454,7 +496,7 @@ TEMPLATE_TEST_CASE("malformed requests are refused and their sender penalised", 
               dht::record{.key = bytes_of("big"),
                           .subkey = std::nullopt,
                           .value = byte_buffer(s.options.messages.max_value_size + 1),
-                          .expiration = t0 + 1h,
+                          .expiration = t0 + 2min,
                           .signature = {}});
     CHECK(sec == errc::store_refused);
     REQUIRE(outcome.refusal);

@@ -79,7 +79,12 @@ struct node_options {
     std::size_t max_keys_per_request = 32;
     /// Limits of the values this node stores for others, and of its cache.
     storage_limits storage;
-    storage_limits cache = {1024, 1024, 64 * 1024, 1024, 32u << 20};
+    storage_limits cache = {.max_key_size = 1024,
+                            .max_subkey_size = 1024,
+                            .max_value_size = 64 * 1024,
+                            .max_subkeys_per_key = 1024,
+                            .max_total_bytes = 32u << 20,
+                            .max_lifetime = std::chrono::minutes(5)};
     message_limits messages;
     /// Requests a peer may send (a store costs one per item), and the burst allowed.
     double requests_per_second = 500;
