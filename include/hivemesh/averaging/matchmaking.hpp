@@ -7,9 +7,9 @@
 // PeerId; expiration: the end of its search window). Readers take the PeerId from the
 // marker's key and skip subkeys that are not one marker; a dial checks that PeerId, so an
 // address that belongs to someone else leads nowhere. Peers are ordered by (expiration,
-// PeerId). A peer asks the earliest declared peers before it to
-// lead it, one at a time; a leader accepts later peers (and clients, which never lead) until
-// the group reaches target_group_size or holds the members the search expects
+// PeerId). A peer asks the earliest declared peers before it to lead it, one at a time; a
+// leader accepts later peers (and clients, which never lead) until the group reaches
+// target_group_size or holds the members the search expects
 // (match_request::expected_members), or until its own expiration if it then has at least
 // min_group_size members, and then sends every follower the group: a fresh id and the
 // ordered members (leader first, then followers in the order they joined) with what each
