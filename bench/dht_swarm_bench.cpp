@@ -69,6 +69,10 @@ public:
         net::node_options rpc_options;
         rpc_options.security.plaintext = config.plaintext;
         rpc_options.max_connections = config.max_connections;
+        // Keys are stored once and read for the whole run, an hour ahead: every node of the
+        // benchmark's swarm accepts that (the default cap is minutes).
+        dht::node_options dht_options;
+        dht_options.storage.max_lifetime = dht_options.cache.max_lifetime = std::chrono::hours(2);
         const std::size_t threads = std::max<std::size_t>(config.threads, 1);
         for (std::size_t t = 0; t < threads; ++t)
             ios_.push_back(std::make_unique<asio::io_context>(1));
@@ -80,7 +84,7 @@ public:
             auto listener = t.listen({asio::ip::address_v4::loopback(), 0});
             endpoints_.push_back(listener.local_endpoint());
             rpc->serve(std::move(listener));
-            dhts_.push_back(std::make_unique<dht_node_type>(*rpc, endpoints_.back()));
+            dhts_.push_back(std::make_unique<dht_node_type>(*rpc, endpoints_.back(), dht_options));
         }
         for (auto& io : ios_) {
             guards_.emplace_back(io->get_executor());

@@ -16,7 +16,8 @@
 //   quit                   (or end of input) closes the node and exits
 //
 // Keys, subkeys and values are words (no whitespace); bytes that are not printable ASCII
-// are shown as \xNN. Values live --ttl seconds (default 3600). A key holds either a plain
+// are shown as \xNN. Values live --ttl seconds (default 240; at most 300, as nodes refuse
+// expirations further ahead: dht::storage_limits::max_lifetime). A key holds either a plain
 // value or a dictionary: a put of the other kind replaces it (the later expiration wins).
 //
 // Threading: one io thread runs the network and the DHT; the main thread reads stdin and
@@ -66,7 +67,7 @@ struct options {
     std::optional<std::string> identity_file;
     bool client = false;
     bool plaintext = false;
-    long long ttl_seconds = 3600;
+    long long ttl_seconds = 240;
 };
 
 /// "HOST:PORT", with an IPv6 host in brackets: "[::1]:4242".
@@ -125,8 +126,11 @@ options parse_options(int argc, char** argv) {
     app.add_flag("--client", out.client, "ask but serve nothing (no listening socket)");
     app.add_flag("--plaintext", out.plaintext,
                  "authenticated but unencrypted connections (all nodes must agree)");
-    app.add_option("--ttl", out.ttl_seconds, "lifetime in seconds of the values this node puts")
-        ->check(CLI::Range(1LL, 10LL * 365 * 24 * 3600));
+    const auto max_ttl =
+        std::chrono::duration_cast<std::chrono::seconds>(dht::storage_limits{}.max_lifetime);
+    app.add_option("--ttl", out.ttl_seconds,
+                   "lifetime in seconds of the values this node puts (nodes refuse more)")
+        ->check(CLI::Range(1LL, static_cast<long long>(max_ttl.count())));
     try {
         app.parse(argc, argv);
         out.listen = parse_host_port(listen);
@@ -261,7 +265,6 @@ int run(const options& opts) {
     net::tcp::transport transport(io.get_executor());
     auto identity = opts.identity_file ? crypto::identity::load_or_create(*opts.identity_file)
                                        : crypto::identity::generate();
-    auto validator = std::make_shared<dht::owner_validator>(identity);
     net::node_options rpc_options;
     rpc_options.security.plaintext = opts.plaintext;
     rpc_node_type rpc(transport, std::move(identity), rpc_options);
@@ -281,8 +284,7 @@ int run(const options& opts) {
                                   : asio::ip::address(asio::ip::address_v6::loopback()));
         first_line = "listening " + net::tcp::to_address(*announce, rpc.id()).to_string();
     }
-    dht_node_type dht(rpc, announce);
-    dht.add_validator(validator);
+    dht_node_type dht(rpc, announce); // checks and signs owner markers for `identity`
     if (listener) rpc.serve(std::move(*listener));
 
     auto work = asio::make_work_guard(io);
@@ -320,7 +322,8 @@ int run(const options& opts) {
                              "all nodes agree on --plaintext? Retrying in the background)\n";
             }
         }
-        session s(dht, io, first_line, validator->marker(), std::chrono::seconds(opts.ttl_seconds));
+        session s(dht, io, first_line, dht::owner_marker(rpc.identity().public_key()),
+                  std::chrono::seconds(opts.ttl_seconds));
         for (std::string line; std::getline(std::cin, line);)
             if (!s.handle(line)) break;
     } catch (const std::exception& e) {

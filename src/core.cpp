@@ -1,5 +1,5 @@
 // hivemesh::compiled: the non-template functions of the core, crypto, compression, tensor,
-// averaging and progress headers, compiled once.
+// DHT, averaging and progress headers, compiled once.
 #include <hivemesh/averaging/impl/load_balancing.ipp>
 #include <hivemesh/compression/impl/adaptive.ipp>
 #include <hivemesh/compression/impl/codecs.ipp>
@@ -9,5 +9,6 @@
 #include <hivemesh/crypto/impl/identity.ipp>
 #include <hivemesh/crypto/impl/peer_id.ipp>
 #include <hivemesh/crypto/impl/secure_channel.ipp>
+#include <hivemesh/dht/impl/validator.ipp>
 #include <hivemesh/progress/impl/record.ipp>
 #include <hivemesh/tensor/impl/tensor.ipp>

@@ -302,7 +302,6 @@ basic_peer<Transport>::basic_peer(Transport transport, peer_options options,
                 }
     }
     dht_ = std::make_unique<dht_node_type>(*rpc_, announce_, options_.dht);
-    dht_->add_validator(std::make_shared<dht::owner_validator>(rpc_->identity()));
     for (auto& listener : listeners)
         rpc_->serve(std::move(listener));
 }

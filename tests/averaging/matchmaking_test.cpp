@@ -1,9 +1,11 @@
 // Matchmaking over a simulated DHT swarm: groups form, are consistent, respect the sizes,
 // never mix schemas, take clients, survive a leader that crashes; wire format oracles.
 #include "support/bytes.hpp"
+#include "support/dht_attacks.hpp"
 #include "support/swarm_checks.hpp"
 
 #include <hivemesh/averaging/matchmaking.hpp>
+#include <hivemesh/core/binary.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -390,6 +392,189 @@ TEST_CASE("matchmaking: a first candidate that never answers the dial costs join
     auto options = options_of(2, 4);
     options.join_timeout = 1s;
     check_grouping_past_crashed_first_candidate(options, 3s);
+}
+
+namespace {
+
+/// A declaration's value: the address of `endpoint`, without PeerId.
+byte_buffer declared_address(const net::sim::endpoint& endpoint) {
+    byte_buffer out;
+    binary_writer w(out);
+    net::sim::transport::to_address(endpoint).write_without_peer(w);
+    return out;
+}
+
+/// The key `bits` as member `reader` reads it (a full lookup).
+dht::key_entry read_key(matchmaking_swarm& s, std::size_t reader, const byte_buffer& key) {
+    auto [ec, entry] = test::wait_for<std::error_code, dht::key_entry>(s.dht.world, [&](auto h) {
+        s.dht.members[reader].dht->async_get(key, dht::get_options{.latest = true}, h);
+    });
+    REQUIRE_FALSE(ec);
+    return std::move(entry);
+}
+
+} // namespace
+
+TEST_CASE("matchmaking: a declaration is its owner's: forged, overwriting, tombstoning and "
+          "replayed writes are refused",
+          "[matchmaking][protection]") {
+    matchmaking_swarm s(2, options_of(2, 2));
+    auto& d = s.dht;
+    d.add(5000); // the attacker: a DHT node of its own, and no matchmaker
+    test::bootstrap(d, 2);
+    const std::size_t attacker = 2;
+    const auto& attacker_identity = d.members[attacker].rpc->identity();
+    const auto key = bytes_of(s.makers[0]->key_of(group_bits(0, 2)));
+    const auto victim = test::marker_of(d.members[0].rpc->identity());
+    auto first = request_of(0);
+    first.window = 10s;
+    const auto start = d.world.now();
+    s.start(0, first);
+    d.world.network.time().run_for(1s); // its declaration is stored by now
+
+    // Under the victim's owner marker, signed by the victim: its address until its window ends.
+    auto entry = read_key(s, attacker, key);
+    REQUIRE(entry.dictionary.size() == 1);
+    const dht::stored_value declared = entry.dictionary.at(victim);
+    CHECK(declared.value == declared_address(d.members[0].endpoint));
+    CHECK(declared.expiration == start + 10s);
+    const dht::record declaration = entry.to_record(victim, declared);
+    const auto signature = crypto::signature::from_bytes(declaration.signature);
+    REQUIRE(signature);
+    CHECK(crypto::verify(d.members[0].rpc->identity().public_key(),
+                         dht::signing_payload(declaration), *signature));
+
+    // To every node: the attacker's address under the victim's marker, a withdrawal, each
+    // unsigned and signed by the attacker, and the victim's own declaration made to last
+    // longer: all refused as invalid. The declaration itself again: outdated wherever it is
+    // held (every node: the swarm is smaller than the replica count).
+    const time_point later = declared.expiration + 1s;
+    const dht::record overwrite{
+        key, victim, declared_address(d.members[attacker].endpoint), later, {}};
+    const dht::record tombstone{key, victim, {}, later, {}};
+    dht::record extended = declaration;
+    extended.expiration = later;
+    for (std::size_t i = 0; i < 2; ++i)
+        REQUIRE(test::held(d, i, key, victim) == declared);
+    const auto statuses = test::raw_store_everywhere(
+        d, attacker,
+        {overwrite, test::signed_by(overwrite, attacker_identity), tombstone,
+         test::signed_by(tombstone, attacker_identity), extended, declaration});
+    using dht::store_status;
+    for (std::size_t i = 0; i < 2; ++i) {
+        INFO("node " << i);
+        CHECK(statuses[i] == std::vector<store_status>{store_status::invalid, store_status::invalid,
+                                                       store_status::invalid, store_status::invalid,
+                                                       store_status::invalid,
+                                                       store_status::outdated});
+        CHECK(test::held(d, i, key, victim) == declared);
+    }
+    // Peer 1 still finds the victim and they group.
+    s.start(1, request_of(1));
+    s.wait_for_groups(1, 2);
+
+    // Both withdrew (an empty value 1 ns after the declaration); replaying the declaration
+    // does not bring it back.
+    d.world.network.time().run_for(1s);
+    const time_point withdrawn = declared.expiration + 1ns;
+    for (std::size_t i = 0; i < 3; ++i) {
+        const auto now_held = test::held(d, i, key, victim);
+        REQUIRE(now_held);
+        CHECK(now_held->value.empty());
+        CHECK(now_held->expiration == withdrawn);
+    }
+    const auto replayed = test::raw_store_everywhere(d, attacker, {declaration});
+    for (std::size_t i = 0; i < 2; ++i)
+        CHECK(replayed[i] == std::vector<store_status>{store_status::outdated});
+    entry = read_key(s, attacker, key);
+    REQUIRE(entry.dictionary.contains(victim));
+    CHECK(entry.dictionary.at(victim).value.empty());
+    CHECK(entry.dictionary.at(victim).expiration == withdrawn);
+}
+
+TEST_CASE("matchmaking: peers group as usual while an attacker floods their key with bogus "
+          "declarations",
+          "[matchmaking][protection]") {
+    constexpr std::size_t peers = 8;
+    constexpr std::size_t sybils = 16;
+    matchmaking_swarm s(peers, options_of(2, 4));
+    auto& d = s.dht;
+    d.add(5000); // the attacker
+    test::bootstrap(d, peers);
+    const std::size_t attacker = peers;
+    const auto& attacker_identity = d.members[attacker].rpc->identity();
+    const auto key = bytes_of(s.makers[0]->key_of(group_bits(0, 2)));
+    const auto t0 = d.world.now();
+    // Declarations that come before every honest peer's (windows of 6 s) and lead nowhere:
+    // the attacker's own, at its address (no matchmaker there), and sybils' (keys it made)
+    // at an honest peer's address or at the attacker's (a dial finds another key there).
+    auto [own_ec, own] = test::wait_for<std::error_code, dht::store_outcome>(d.world, [&](auto h) {
+        d.members[attacker].dht->async_store(
+            dht::record{.key = key,
+                        .subkey = test::marker_of(attacker_identity),
+                        .value = declared_address(d.members[attacker].endpoint),
+                        .expiration = t0 + 5s,
+                        .signature = {}},
+            h);
+    });
+    REQUIRE_FALSE(own_ec);
+    const std::vector<byte_buffer> nowhere = {declared_address(d.members[0].endpoint),
+                                              declared_address(d.members[attacker].endpoint)};
+    // Where the records no reader may take point: a port where nothing listens, so a dial
+    // there would show as a refused connection.
+    const auto dead = declared_address({d.members[attacker].transport->node(), 999});
+    std::vector<dht::record> flood;
+    std::vector<dht::store_status> expected;
+    using dht::store_status;
+    for (std::size_t n = 0; n < sybils; ++n) {
+        const auto sybil = random_identity(9000 + n);
+        const auto when = t0 + 5s - std::chrono::milliseconds(10 * n);
+        flood.push_back(test::signed_by(
+            {key, test::marker_of(sybil), nowhere[n % nowhere.size()], when, {}}, sybil));
+        expected.push_back(store_status::stored);
+    }
+    // Under the honest peers' markers, unsigned and signed by the attacker: refused. Under
+    // their PeerIds' bytes (no marker) and under subkeys a sybil signs that are not exactly
+    // one marker: kept, and no reader takes them for declarations. A year ahead: refused.
+    const auto sybil = random_identity(8999);
+    for (std::size_t i = 0; i < peers; ++i) {
+        const dht::record forged{
+            key, test::marker_of(d.members[i].rpc->identity()), dead, t0 + 5s, {}};
+        flood.push_back(forged);
+        flood.push_back(test::signed_by(forged, attacker_identity));
+        flood.push_back({key, to_buffer(d.members[i].rpc->id().view()), dead, t0 + 5s, {}});
+        expected.insert(expected.end(),
+                        {store_status::invalid, store_status::invalid, store_status::stored});
+    }
+    const auto marker = test::marker_of(sybil);
+    auto twice = marker;
+    twice.insert(twice.end(), marker.begin(), marker.end());
+    auto prefixed = bytes_of("x");
+    prefixed.insert(prefixed.end(), marker.begin(), marker.end());
+    flood.push_back(test::signed_by({key, twice, dead, t0 + 5s, {}}, sybil));
+    flood.push_back(test::signed_by({key, prefixed, dead, t0 + 5s, {}}, sybil));
+    flood.push_back(test::signed_by({key, marker, dead, t0 + 8760h, {}}, sybil));
+    expected.insert(expected.end(),
+                    {store_status::stored, store_status::stored, store_status::too_far_ahead});
+    const auto statuses = test::raw_store_everywhere(d, attacker, flood);
+    for (std::size_t i = 0; i < peers; ++i) {
+        INFO("node " << i);
+        CHECK(statuses[i] == expected);
+    }
+    // Every bogus declaration that was kept is in the key: 1 + sybils + peers + 2.
+    CHECK(read_key(s, 0, key).dictionary.size() == 1 + sybils + peers + 2);
+
+    std::set<crypto::peer_id> honest;
+    for (std::size_t i = 0; i < peers; ++i) {
+        honest.insert(d.members[i].rpc->id());
+        s.start(i, request_of(i));
+    }
+    const auto refused_before = d.world.network.statistics().connections_refused;
+    for (const auto& [id, g] : s.wait_for_groups(2, 4))
+        for (const auto& m : g.members)
+            CHECK(honest.contains(m.peer.id));
+    CHECK(d.world.network.statistics().connections_refused == refused_before);
+    WARN("grouped " << (d.world.now() - t0).count() / 1'000'000 << " ms after the flood");
 }
 
 TEST_CASE("matchmaking wire: exact bytes, canonical round trips, hostile input refused",

@@ -1,6 +1,7 @@
 // State sharing: wire messages (exact bytes, hostile input) and downloads from donors over the
 // DHT, every networked case on the simulated network and on loopback TCP.
 #include "support/bytes.hpp"
+#include "support/dht_attacks.hpp"
 #include "support/identities.hpp"
 #include "support/swarm_checks.hpp"
 
@@ -113,9 +114,9 @@ void advertise_by_hand(swarm<World>& s, std::size_t i, double priority) {
     auto [ec, outcome] =
         test::wait_for<std::error_code, dht::store_outcome>(s.world, [&](auto handler) {
             m.dht->async_store(dht::record{.key = key,
-                                           .subkey = to_buffer(m.rpc->id().view()),
+                                           .subkey = test::marker_of(m.rpc->identity()),
                                            .value = averaging::encode(record),
-                                           .expiration = s.world.now() + 1h,
+                                           .expiration = s.world.now() + 4min,
                                            .signature = {}},
                                handler);
         });
@@ -375,7 +376,7 @@ TEST_CASE("parse_donors orders by priority, then PeerId, and skips what it canno
     dht::key_entry entry;
     entry.key = bytes_of(averaging::donors_key(prefix));
     const auto add = [&](std::uint8_t who, byte_buffer value) {
-        entry.dictionary[to_buffer(test::identity_of(who).id().view())] =
+        entry.dictionary[test::marker_of(test::identity_of(who))] =
             dht::stored_value{std::move(value), time_point{1h}, {}};
     };
     const auto record = [](double priority, std::uint64_t node) {
@@ -388,8 +389,14 @@ TEST_CASE("parse_donors orders by priority, then PeerId, and skips what it canno
     add(4, {});                  // withdrawn
     add(5, bytes_of({1, 2, 3})); // malformed
     add(6, record(100, 6));      // the caller itself
-    entry.dictionary[bytes_of("short subkey")] =
-        dht::stored_value{record(50, 7), time_point{1h}, {}};
+    // Subkeys that are not exactly one owner marker name nobody.
+    const auto marker = test::marker_of(test::identity_of(7));
+    auto twice = marker;
+    twice.insert(twice.end(), marker.begin(), marker.end());
+    for (const auto& subkey :
+         {bytes_of("short subkey"), to_buffer(test::identity_of(8).id().view()), twice,
+          bytes_of("x" + dht::owner_marker(test::identity_of(9).public_key()))})
+        entry.dictionary[subkey] = dht::stored_value{record(50, 7), time_point{1h}, {}};
     const auto donors = averaging::parse_donors(entry, test::identity_of(6).id());
     REQUIRE(donors.size() == 3);
     CHECK(donors[0].id == test::identity_of(2).id());
@@ -647,4 +654,216 @@ TEMPLATE_TEST_CASE(
     REQUIRE(s.world.run_until([&] { return direct.has_value(); }, 3600s));
     CHECK(*direct == errc::not_a_donor);
     CHECK(donor->statistics().uploads_refused == 1);
+}
+
+// ---- attacks on the donor records (simulated network) -----------------------------------------
+
+namespace {
+
+/// The donors key as member `reader` reads it (a full lookup).
+dht::key_entry read_donors(swarm<sim_world>& s, std::size_t reader) {
+    auto [ec, entry] = test::wait_for<std::error_code, dht::key_entry>(s.world, [&](auto h) {
+        s.members[reader].dht->async_get(bytes_of(averaging::donors_key(prefix)),
+                                         dht::get_options{.latest = true}, h);
+    });
+    REQUIRE_FALSE(ec);
+    return std::move(entry);
+}
+
+std::tuple<std::error_code, std::vector<averaging::donor_info>> list_donors(swarm<sim_world>& s,
+                                                                            std::size_t reader) {
+    return test::wait_for<std::error_code, std::vector<averaging::donor_info>>(
+        s.world, [&](auto h) { averaging::async_list_donors(*s.members[reader].dht, prefix, h); });
+}
+
+/// What each node answers to `records` stored in turn, by the storage rule: a store wins only
+/// with a strictly later expiration than what the node holds.
+std::vector<std::vector<dht::store_status>> replay_oracle(swarm<sim_world>& s, std::size_t from,
+                                                          const std::vector<dht::record>& records) {
+    std::vector<std::vector<dht::store_status>> out(s.members.size());
+    for (std::size_t i = 0; i < s.members.size(); ++i) {
+        if (i == from) continue;
+        auto held = test::held(s, i, records.front().key, *records.front().subkey);
+        for (const auto& r : records) {
+            const bool wins = !held || r.expiration > held->expiration;
+            out[i].push_back(wins ? dht::store_status::stored : dht::store_status::outdated);
+            if (wins) held = dht::stored_value{r.value, r.expiration, r.signature};
+        }
+    }
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("a donor record is its owner's: forged, overwriting, tombstoning and replayed writes "
+          "are refused",
+          "[averaging][state][protection]") {
+    swarm<sim_world> s;
+    start(s);
+    const std::size_t attacker = 5;
+    const auto& attacker_identity = s.members[attacker].rpc->identity();
+    const auto key = bytes_of(averaging::donors_key(prefix));
+    const auto marker = test::marker_of(s.members[1].rpc->identity());
+    const auto shared = make_state(61, {100, 3});
+    auto donor = serve(s, 1, shared, 1);
+    const auto address =
+        sim_world::transport_type::to_address(s.members[1].endpoint).without_peer();
+
+    // Under the donor's owner marker, signed by the donor.
+    auto entry = read_donors(s, attacker);
+    REQUIRE(entry.dictionary.size() == 1);
+    const dht::stored_value advertised = entry.dictionary.at(marker);
+    averaging::donor_record record;
+    REQUIRE_FALSE(averaging::decode(advertised.value, record));
+    CHECK(record == averaging::donor_record{1, address});
+    const dht::record first = entry.to_record(marker, advertised);
+    CHECK(first.signature.size() == 64);
+
+    // To every node: a better offer at the attacker's address under the donor's marker, a
+    // withdrawal, each unsigned and signed by the attacker, and the donor's record made to
+    // last longer: all refused.
+    const time_point later = advertised.expiration + 1s;
+    const auto offer = averaging::encode(averaging::donor_record{
+        1000, sim_world::transport_type::to_address(s.members[attacker].endpoint)});
+    const dht::record overwrite{key, marker, offer, later, {}};
+    const dht::record tombstone{key, marker, {}, later, {}};
+    dht::record extended = first;
+    extended.expiration = later;
+    const auto statuses = test::raw_store_everywhere(
+        s, attacker,
+        {overwrite, test::signed_by(overwrite, attacker_identity), tombstone,
+         test::signed_by(tombstone, attacker_identity), extended});
+    for (std::size_t i = 0; i < swarm_size; ++i) {
+        if (i == attacker) continue;
+        INFO("node " << i);
+        CHECK(statuses[i] == std::vector<dht::store_status>(5, dht::store_status::invalid));
+    }
+    auto [lec, listed] = list_donors(s, 3);
+    REQUIRE_FALSE(lec);
+    CHECK(listed == std::vector<averaging::donor_info>{{s.members[1].rpc->id(), 1, address}});
+
+    // A newer advertisement (priority 2), then the first one again: it loses where the newer
+    // one is held, and readers see the newer one.
+    donor->set_priority(2);
+    auto [aec] =
+        test::wait_for<std::error_code>(s.world, [&](auto h) { donor->async_advertise(h); });
+    REQUIRE_FALSE(aec);
+    auto expected = replay_oracle(s, attacker, {first});
+    CHECK(test::raw_store_everywhere(s, attacker, {first}) == expected);
+    std::size_t outdated = 0;
+    for (const auto& e : expected)
+        outdated += !e.empty() && e.front() == dht::store_status::outdated ? 1 : 0;
+    CHECK(outdated >= 4); // the replicas but the attacker's own node
+    auto [lec2, listed2] = list_donors(s, 3);
+    REQUIRE_FALSE(lec2);
+    CHECK(listed2 == std::vector<averaging::donor_info>{{s.members[1].rpc->id(), 2, address}});
+    auto [ec, loaded] = load(s, 3);
+    REQUIRE_FALSE(ec);
+    CHECK(loaded.donor == s.members[1].rpc->id());
+    CHECK(same_bits(loaded.contents, shared));
+
+    // The donor withdraws; neither of its records sent again brings it back.
+    entry = read_donors(s, attacker);
+    const dht::record last = entry.to_record(marker, entry.dictionary.at(marker));
+    auto [sec] = test::wait_for<std::error_code>(s.world, [&](auto h) { donor->async_stop(h); });
+    REQUIRE_FALSE(sec);
+    expected = replay_oracle(s, attacker, {last, first});
+    CHECK(test::raw_store_everywhere(s, attacker, {last, first}) == expected);
+    auto [lec3, listed3] = list_donors(s, 3);
+    CHECK(lec3 == errc::not_found);
+}
+
+TEST_CASE("a newcomer loads the state from the real donor while an attacker floods the donor "
+          "records",
+          "[averaging][state][protection]") {
+    swarm<sim_world> s;
+    start(s);
+    const std::size_t attacker = 5;
+    const auto& attacker_identity = s.members[attacker].rpc->identity();
+    const auto key = bytes_of(averaging::donors_key(prefix));
+    using transport = sim_world::transport_type;
+    const auto shared = make_state(71, {1000, 0, 7});
+    auto donor = serve(s, 1, shared, 5);
+    const auto t0 = s.world.now();
+    const auto offer = [](double priority, const net::sim::endpoint& at) {
+        return averaging::encode(averaging::donor_record{priority, transport::to_address(at)});
+    };
+    // Better offers that lead nowhere: the attacker's own (no state served there), and
+    // sybils' (keys it made) at the donor's address or the attacker's (a dial finds another
+    // key there).
+    auto [own_ec, own] = test::wait_for<std::error_code, dht::store_outcome>(s.world, [&](auto h) {
+        s.members[attacker].dht->async_store(
+            dht::record{.key = key,
+                        .subkey = test::marker_of(attacker_identity),
+                        .value = offer(99, s.members[attacker].endpoint),
+                        .expiration = t0 + 4min,
+                        .signature = {}},
+            h);
+    });
+    REQUIRE_FALSE(own_ec);
+    constexpr std::size_t sybils = 8;
+    std::vector<dht::record> flood;
+    std::vector<dht::store_status> expected;
+    std::vector<averaging::donor_failure> failures;
+    for (std::size_t n = 0; n < sybils; ++n) {
+        const auto sybil = test::random_identity(9000 + n);
+        const auto& at = s.members[n % 2 == 0 ? 1 : attacker].endpoint;
+        flood.push_back(test::signed_by(
+            {key, test::marker_of(sybil), offer(100.0 + static_cast<double>(n), at), t0 + 4min, {}},
+            sybil));
+        expected.push_back(dht::store_status::stored);
+        failures.insert(failures.begin(),
+                        averaging::donor_failure{sybil.id(), 100.0 + static_cast<double>(n),
+                                                 make_error_code(errc::peer_id_mismatch)});
+    }
+    failures.push_back(
+        averaging::donor_failure{attacker_identity.id(), 99, make_error_code(errc::refused)});
+    // What no reader may take points at a port where nothing listens: the best offers under
+    // the donor's marker (unsigned and signed by the attacker) and its withdrawal, refused;
+    // under its PeerId's bytes (no marker) and subkeys a sybil signs that are not exactly
+    // one marker, kept but named nobody; a year ahead, refused.
+    const net::sim::endpoint dead{s.members[attacker].transport->node(), 999};
+    const auto donor_marker = test::marker_of(s.members[1].rpc->identity());
+    for (const dht::record& forged :
+         {dht::record{key, donor_marker, offer(1000, dead), t0 + 4min, {}},
+          dht::record{key, donor_marker, {}, t0 + 4min, {}}}) {
+        flood.push_back(forged);
+        flood.push_back(test::signed_by(forged, attacker_identity));
+        expected.insert(expected.end(), {dht::store_status::invalid, dht::store_status::invalid});
+    }
+    const auto sybil = test::random_identity(8999);
+    const auto marker = test::marker_of(sybil);
+    auto twice = marker;
+    twice.insert(twice.end(), marker.begin(), marker.end());
+    flood.push_back(
+        {key, to_buffer(s.members[1].rpc->id().view()), offer(2000, dead), t0 + 4min, {}});
+    flood.push_back(test::signed_by({key, twice, offer(3000, dead), t0 + 4min, {}}, sybil));
+    flood.push_back(test::signed_by({key, marker, offer(4000, dead), t0 + 8760h, {}}, sybil));
+    expected.insert(expected.end(), {dht::store_status::stored, dht::store_status::stored,
+                                     dht::store_status::too_far_ahead});
+    const auto statuses = test::raw_store_everywhere(s, attacker, flood);
+    for (std::size_t i = 0; i < swarm_size; ++i) {
+        if (i == attacker) continue;
+        INFO("node " << i);
+        CHECK(statuses[i] == expected);
+    }
+    // The donor, the attacker and the sybils, with the bogus subkeys beside them.
+    CHECK(read_donors(s, 3).dictionary.size() == 1 + 1 + sybils + 2);
+
+    const auto refused_before = s.world.network.statistics().connections_refused;
+    auto [ec, result] = load(s, 3);
+    REQUIRE_FALSE(ec);
+    CHECK(result.donor == s.members[1].rpc->id());
+    CHECK(result.priority == 5);
+    CHECK(same_bits(result.contents, shared));
+    REQUIRE(result.failures.size() == failures.size());
+    for (std::size_t n = 0; n < failures.size(); ++n) {
+        INFO("failure " << n);
+        CHECK(result.failures[n].donor == failures[n].donor);
+        CHECK(result.failures[n].priority == failures[n].priority);
+        CHECK(result.failures[n].error == failures[n].error);
+    }
+    // Nobody dialed what only the bogus subkeys named.
+    CHECK(s.world.network.statistics().connections_refused == refused_before);
+    CHECK(donor->statistics().uploads_completed == 1);
 }

@@ -640,7 +640,8 @@ TEST_CASE("dht messages: status bytes above max_store_status are refused", "[dht
             decode_as<dht::store_response>(raw(1, 4).u32(2).u8(0).u8(s).bytes) ==
             (s <= dht::max_store_status ? std::error_code{} : make_error_code(errc::corrupt_data)));
     }
-    CHECK_THROWS_AS(dht::encode(dht::store_response{{static_cast<dht::store_status>(8)}}),
+    CHECK_THROWS_AS(dht::encode(dht::store_response{
+                        {static_cast<dht::store_status>(dht::max_store_status + 1)}}),
                     std::system_error);
 }
 

@@ -1,5 +1,6 @@
 // The DHT node with 20 peers: every case runs over loopback TCP and on the simulated network.
 #include "support/bytes.hpp"
+#include "support/dht_attacks.hpp"
 #include "support/swarm_checks.hpp"
 
 #include <hivemesh/dht/node.hpp>
@@ -7,7 +8,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 using namespace hivemesh;
 using namespace std::chrono_literals;
@@ -95,7 +99,7 @@ TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node
                                dht::record{.key = key,
                                            .subkey = std::nullopt,
                                            .value = value,
-                                           .expiration = t0 + 1h,
+                                           .expiration = t0 + 2min,
                                            .signature = {}});
     REQUIRE_FALSE(ec);
     CHECK(outcome.replicas == 5);
@@ -106,7 +110,7 @@ TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node
         REQUIRE(entry.plain);
         CHECK(entry.key == key);
         CHECK(entry.plain->value == value);
-        CHECK(entry.plain->expiration == t0 + 1h);
+        CHECK(entry.plain->expiration == t0 + 2min);
         CHECK(entry.dictionary.empty());
     }
 
@@ -117,7 +121,7 @@ TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node
                                dht::record{.key = dict,
                                            .subkey = bytes_of("peer" + std::to_string(n)),
                                            .value = bytes_of("v" + std::to_string(n)),
-                                           .expiration = t0 + std::chrono::minutes(10 + n),
+                                           .expiration = t0 + std::chrono::minutes(2 + n),
                                            .signature = {}});
         REQUIRE_FALSE(sec);
         CHECK(so.replicas == 5);
@@ -127,14 +131,14 @@ TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node
                                 dht::record{.key = dict,
                                             .subkey = bytes_of("peer1"),
                                             .value = bytes_of("v1b"),
-                                            .expiration = t0 + 30min,
+                                            .expiration = t0 + 270s,
                                             .signature = {}});
     REQUIRE_FALSE(uec);
     auto [oec, old] = store(s, 9,
                             dht::record{.key = dict,
                                         .subkey = bytes_of("peer2"),
                                         .value = bytes_of("old"),
-                                        .expiration = t0 + 5min,
+                                        .expiration = t0 + 1min,
                                         .signature = {}});
     CHECK(oec == errc::store_refused);
     REQUIRE(old.refusal);
@@ -145,11 +149,11 @@ TEMPLATE_TEST_CASE("store and get are exact, dictionaries included", "[dht][node
         CHECK_FALSE(entry.plain);
         REQUIRE(entry.dictionary.size() == 3);
         CHECK(entry.dictionary.at(bytes_of("peer0")).value == bytes_of("v0"));
-        CHECK(entry.dictionary.at(bytes_of("peer0")).expiration == t0 + 10min);
+        CHECK(entry.dictionary.at(bytes_of("peer0")).expiration == t0 + 2min);
         CHECK(entry.dictionary.at(bytes_of("peer1")).value == bytes_of("v1b"));
-        CHECK(entry.dictionary.at(bytes_of("peer1")).expiration == t0 + 30min);
+        CHECK(entry.dictionary.at(bytes_of("peer1")).expiration == t0 + 270s);
         CHECK(entry.dictionary.at(bytes_of("peer2")).value == bytes_of("v2"));
-        CHECK(entry.dictionary.at(bytes_of("peer2")).expiration == t0 + 12min);
+        CHECK(entry.dictionary.at(bytes_of("peer2")).expiration == t0 + 4min);
     }
     auto [mec, missing] = get(s, 2, bytes_of("nobody stored this"));
     CHECK(mec == errc::not_found);
@@ -212,7 +216,7 @@ TEMPLATE_TEST_CASE("exactly num_replicas copies, and storing again does not grow
                                    dht::record{.key = key,
                                                .subkey = std::nullopt,
                                                .value = bytes_of("x"),
-                                               .expiration = t0 + 1h,
+                                               .expiration = t0 + 2min,
                                                .signature = {}});
         REQUIRE_FALSE(ec);
         CHECK(outcome.replicas == 5);
@@ -226,13 +230,13 @@ TEMPLATE_TEST_CASE("exactly num_replicas copies, and storing again does not grow
               dht::record{.key = key,
                           .subkey = std::nullopt,
                           .value = bytes_of("x"),
-                          .expiration = t0 + 1h,
+                          .expiration = t0 + 2min,
                           .signature = {}});
         auto [ec, outcome] = store(s, 12,
                                    dht::record{.key = key,
                                                .subkey = std::nullopt,
                                                .value = bytes_of("y"),
-                                               .expiration = t0 + 2h,
+                                               .expiration = t0 + 3min,
                                                .signature = {}});
         REQUIRE_FALSE(ec);
         CHECK(outcome.replicas == 5);
@@ -251,18 +255,18 @@ TEMPLATE_TEST_CASE("falsy keys, subkeys and values work", "[dht][node]", sim_wor
                           dht::record{.key = empty,
                                       .subkey = std::nullopt,
                                       .value = empty,
-                                      .expiration = t0 + 1h,
+                                      .expiration = t0 + 2min,
                                       .signature = {}});
     REQUIRE_FALSE(e1);
     auto [e2, o2] = store(
         s, 2,
         dht::record{
-            .key = zero, .subkey = empty, .value = zero, .expiration = t0 + 1h, .signature = {}});
+            .key = zero, .subkey = empty, .value = zero, .expiration = t0 + 2min, .signature = {}});
     REQUIRE_FALSE(e2);
     auto [e3, o3] = store(
         s, 3,
         dht::record{
-            .key = zero, .subkey = zero, .value = empty, .expiration = t0 + 2h, .signature = {}});
+            .key = zero, .subkey = zero, .value = empty, .expiration = t0 + 3min, .signature = {}});
     REQUIRE_FALSE(e3);
     auto [g1, plain] = get(s, 10, empty);
     REQUIRE_FALSE(g1);
@@ -274,70 +278,161 @@ TEMPLATE_TEST_CASE("falsy keys, subkeys and values work", "[dht][node]", sim_wor
     REQUIRE(dict.dictionary.size() == 2);
     CHECK(dict.dictionary.at(empty).value == zero);
     CHECK(dict.dictionary.at(zero).value.empty());
-    CHECK(dict.dictionary.at(zero).expiration == t0 + 2h);
+    CHECK(dict.dictionary.at(zero).expiration == t0 + 3min);
 }
 
 TEMPLATE_TEST_CASE("a protected subkey belongs to its owner, also after the owner leaves",
                    "[dht][node][protection]", sim_world, tcp_world) {
+    // No validator added: every node checks owner markers.
     swarm<TestType> s;
-    s.options.cache_on_get = false;
-    for (std::size_t i = 0; i < peer_count; ++i) {
-        auto& m = s.add(1000 + i);
-        m.dht->add_validator(std::make_shared<dht::owner_validator>(m.rpc->identity()));
-    }
-    test::bootstrap(s, 1, 5);
+    start(s);
     const auto t0 = now(s);
     auto& owner = s.members[4];
-    auto& intruder = s.members[9];
     const auto key = bytes_of("progress");
-    const auto subkey = bytes_of(dht::owner_marker(owner.rpc->identity().public_key()));
+    const auto subkey = test::marker_of(owner.rpc->identity());
     auto [ec, outcome] = store(s, 4,
                                dht::record{.key = key,
                                            .subkey = subkey,
                                            .value = bytes_of("mine"),
-                                           .expiration = t0 + 1h,
+                                           .expiration = t0 + 2min,
                                            .signature = {}});
     REQUIRE_FALSE(ec);
     CHECK(outcome.replicas == 5);
+    auto [oec, original] = get(s, 15, key, true);
+    REQUIRE_FALSE(oec);
+    REQUIRE(original.dictionary.size() == 1);
+    const dht::stored_value held = original.dictionary.at(subkey);
+    const dht::record mine = original.to_record(subkey, held);
+    CHECK(mine.signature.size() == 64);
 
-    const auto intrude = [&] {
+    const auto intrude = [&](const std::set<std::size_t>& stopped) {
         // Through the API: the intruder cannot sign, so its node refuses to send.
         auto [iec, refused] = store(s, 9,
                                     dht::record{.key = key,
                                                 .subkey = subkey,
                                                 .value = bytes_of("stolen"),
-                                                .expiration = t0 + 2h,
+                                                .expiration = t0 + 3min,
                                                 .signature = {}});
         CHECK(iec == errc::store_refused);
         REQUIRE(refused.refusal);
         CHECK(*refused.refusal == dht::store_status::invalid);
-        // Straight to every node, signed with the intruder's own key: each refuses it.
-        dht::record forged{key, subkey, bytes_of("stolen"), t0 + 2h, {}};
-        const auto signature = intruder.rpc->identity().sign(dht::signing_payload(forged));
-        forged.signature.assign(signature.view().begin(), signature.view().end());
-        dht::store_request request{{}, {{forged, false}}};
+        // Straight to every node: a value or a tombstone (an empty value), unsigned or signed
+        // with the intruder's own key, and the owner's record with a later expiration under
+        // the owner's signature. Each node refuses each.
+        const dht::record stolen{key, subkey, bytes_of("stolen"), t0 + 3min, {}};
+        const dht::record tombstone{key, subkey, {}, t0 + 3min, {}};
+        dht::record extended = mine;
+        extended.expiration = t0 + 3min;
+        const auto& intruder = s.members[9].rpc->identity();
+        const auto statuses =
+            test::raw_store_everywhere(s, 9,
+                                       {stolen, test::signed_by(stolen, intruder), tombstone,
+                                        test::signed_by(tombstone, intruder), extended},
+                                       stopped);
         for (std::size_t i = 0; i < peer_count; ++i) {
             if (i == 4 || i == 9) continue;
-            auto [cec, raw] =
-                test::wait_for<std::error_code, byte_buffer>(s.world, [&](auto handler) {
-                    intruder.rpc->async_call(s.members[i].address(), "dht.store",
-                                             dht::encode(request), 10s, handler);
-                });
-            REQUIRE_FALSE(cec);
-            dht::store_response response;
-            REQUIRE_FALSE(dht::decode(raw, response));
-            REQUIRE(response.statuses.size() == 1);
-            CHECK(response.statuses[0] == dht::store_status::invalid);
+            INFO("node " << i);
+            CHECK(statuses[i] == std::vector<dht::store_status>(5, dht::store_status::invalid));
         }
         auto [gec, entry] = get(s, 15, key, true);
         REQUIRE_FALSE(gec);
         REQUIRE(entry.dictionary.size() == 1);
-        CHECK(entry.dictionary.at(subkey).value == bytes_of("mine"));
+        CHECK(entry.dictionary.at(subkey) == held);
     };
-    intrude();
+    intrude({});
     owner.dht->close();
     owner.rpc->close();
-    intrude();
+    intrude({4});
+}
+
+TEMPLATE_TEST_CASE("an owner's older record sent again loses to its newer one",
+                   "[dht][node][protection]", sim_world, tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    const auto t0 = now(s);
+    const auto key = bytes_of("declarations");
+    const auto subkey = test::marker_of(s.members[4].rpc->identity());
+    const auto put = [&](const char* value, time_point expiration) {
+        auto [ec, outcome] = store(s, 4,
+                                   dht::record{.key = key,
+                                               .subkey = subkey,
+                                               .value = bytes_of(value),
+                                               .expiration = expiration,
+                                               .signature = {}});
+        REQUIRE_FALSE(ec);
+        auto [gec, entry] = get(s, 15, key, true);
+        REQUIRE_FALSE(gec);
+        REQUIRE(entry.dictionary.size() == 1);
+        return entry.to_record(subkey, entry.dictionary.at(subkey));
+    };
+    const dht::record older = put("older", t0 + 1min);
+    const dht::record newer = put("newer", t0 + 2min);
+    // Replayed to every node: those that hold the newer record keep it; the others may take
+    // the older one, which is genuine, and readers still see the newer.
+    std::vector<std::optional<dht::stored_value>> before;
+    for (std::size_t i = 0; i < peer_count; ++i)
+        before.push_back(test::held(s, i, key, subkey));
+    const auto statuses = test::raw_store_everywhere(s, 9, {older});
+    std::size_t holders = 0;
+    for (std::size_t i = 0; i < peer_count; ++i) {
+        if (i == 9) continue;
+        INFO("node " << i);
+        holders += before[i] ? 1 : 0;
+        CHECK(statuses[i].front() ==
+              (before[i] ? dht::store_status::outdated : dht::store_status::stored));
+        const dht::stored_value kept =
+            before[i] ? *before[i]
+                      : dht::stored_value{older.value, older.expiration, older.signature};
+        CHECK(test::held(s, i, key, subkey) == kept);
+    }
+    CHECK(holders >= 5);
+    for (std::size_t i = 0; i < peer_count; ++i) {
+        auto [gec, entry] = get(s, i, key, true);
+        REQUIRE_FALSE(gec);
+        CHECK(entry.to_record(subkey, entry.dictionary.at(subkey)) == newer);
+    }
+}
+
+TEMPLATE_TEST_CASE("an expiration more than max_lifetime ahead is refused, and readers ignore "
+                   "one from a node that took it",
+                   "[dht][node][protection]", sim_world, tcp_world) {
+    swarm<TestType> s;
+    start(s);
+    const auto t0 = now(s);
+    const auto key = bytes_of("pinned");
+    const auto subkey = test::marker_of(s.members[4].rpc->identity());
+    // Through the API: every replica, the writer too, refuses it.
+    auto [ec, outcome] = store(s, 4,
+                               dht::record{.key = key,
+                                           .subkey = subkey,
+                                           .value = bytes_of("for a year"),
+                                           .expiration = t0 + 8760h,
+                                           .signature = {}});
+    CHECK(ec == errc::store_refused);
+    REQUIRE(outcome.refusal);
+    CHECK(*outcome.refusal == dht::store_status::too_far_ahead);
+    // A node that keeps what the others would not.
+    s.options.storage.max_lifetime = 24h * 366;
+    s.add(2000);
+    test::bootstrap(s, peer_count);
+    const std::size_t lenient = peer_count;
+    // Straight to every node, signed by its owner: only the lenient node takes it.
+    const auto pinned =
+        test::signed_by(dht::record{key, subkey, bytes_of("for a year"), t0 + 8760h, {}},
+                        s.members[4].rpc->identity());
+    const auto statuses = test::raw_store_everywhere(s, 4, {pinned});
+    for (std::size_t i = 0; i < s.members.size(); ++i) {
+        if (i == 4) continue;
+        INFO("node " << i);
+        CHECK(statuses[i].front() ==
+              (i == lenient ? dht::store_status::stored : dht::store_status::too_far_ahead));
+    }
+    // Every other reader's lookup reaches the lenient node (k = 20 covers the swarm) and drops
+    // the record.
+    for (std::size_t i = 0; i < peer_count; ++i) {
+        auto [gec, entry] = get(s, i, key, true);
+        CHECK(gec == errc::not_found);
+    }
 }
 
 TEMPLATE_TEST_CASE("a client asks but serves nothing and stays out of routing tables",
@@ -357,7 +452,7 @@ TEMPLATE_TEST_CASE("a client asks but serves nothing and stays out of routing ta
                                dht::record{.key = bytes_of("from a client"),
                                            .subkey = std::nullopt,
                                            .value = bytes_of("hi"),
-                                           .expiration = t0 + 1h,
+                                           .expiration = t0 + 2min,
                                            .signature = {}});
     REQUIRE_FALSE(ec);
     CHECK(outcome.replicas == 5);
@@ -401,7 +496,7 @@ TEMPLATE_TEST_CASE("malformed requests are refused and their sender penalised", 
               dht::record{.key = bytes_of("big"),
                           .subkey = std::nullopt,
                           .value = byte_buffer(s.options.messages.max_value_size + 1),
-                          .expiration = t0 + 1h,
+                          .expiration = t0 + 2min,
                           .signature = {}});
     CHECK(sec == errc::store_refused);
     REQUIRE(outcome.refusal);

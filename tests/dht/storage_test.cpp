@@ -104,6 +104,40 @@ TEST_CASE("expired records are refused and expired items disappear", "[dht][stor
     CHECK(s.bytes_used() == 0);
 }
 
+TEST_CASE("an expiration more than max_lifetime ahead is refused, at any clock value",
+          "[dht][storage]") {
+    using namespace std::chrono_literals;
+    CHECK(storage_limits{}.max_lifetime == 5min);
+    storage s;
+    const time_point now = at_seconds(1000);
+    CHECK(s.store(plain("k", "v", now + 5min), now) == store_status::stored);
+    CHECK(s.store(plain("k", "w", now + 5min + 1ns), now) == store_status::too_far_ahead);
+    CHECK(s.store(item("d", "s", "w", now + 5min + 1ns), now) == store_status::too_far_ahead);
+    CHECK(s.store(plain("x", "w", now + 8760h), now) == store_status::too_far_ahead); // a year
+    // Refusals change nothing; a moment later the same expiration fits.
+    CHECK(s.key_count() == 1);
+    CHECK(s.bytes_used() == storage::accounted_size(plain("k", "v", now + 5min)));
+    CHECK(text(s.get(key_of("k"), now)->plain->value) == "v");
+    CHECK(s.store(plain("k", "w", now + 5min + 1ns), now + 1ns) == store_status::stored);
+    // Expired comes first: an expiration at or before now is expired, not too far ahead.
+    CHECK(s.store(plain("k", "v", now), now) == store_status::expired);
+    // Extreme clocks and expirations: no overflow.
+    CHECK(s.store(plain("y", "v", time_point::max()), time_point::min()) ==
+          store_status::too_far_ahead);
+    CHECK(s.store(plain("y", "v", time_point::max()), now) == store_status::too_far_ahead);
+    CHECK(s.store(plain("y", "v", time_point::min() + 5min), time_point::min()) ==
+          store_status::stored);
+    CHECK_FALSE(hivemesh::dht::too_far_ahead(time_point::max(), now, hivemesh::duration::max()));
+    CHECK(hivemesh::dht::too_far_ahead(now + 1ns, now, -1s)); // a negative cap is zero
+    CHECK_FALSE(hivemesh::dht::too_far_ahead(now, now, -1s));
+
+    storage_limits longer;
+    longer.max_lifetime = 24h;
+    storage lenient(longer);
+    CHECK(lenient.store(plain("k", "v", now + 24h), now) == store_status::stored);
+    CHECK(lenient.store(plain("k", "v", now + 24h + 1ns), now) == store_status::too_far_ahead);
+}
+
 TEST_CASE("dictionary: subkeys merge one by one with their own expiration", "[dht][storage]") {
     storage s;
     REQUIRE(s.store(item("d", "a", "a1", at_seconds(10)), at_seconds(0)) == store_status::stored);

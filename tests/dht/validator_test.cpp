@@ -149,6 +149,27 @@ TEST_CASE("owner markers: format and parsing", "[dht][validator]") {
     }
 }
 
+TEST_CASE("parse_owner_marker: exactly one canonical marker names its key", "[dht][validator]") {
+    using hivemesh::dht::parse_owner_marker;
+    const identity alice = identity_of(1);
+    const std::string a = owner_marker(alice.public_key());
+    const auto parsed = parse_owner_marker(bytes_of(a));
+    REQUIRE(parsed);
+    CHECK(*parsed == alice.public_key());
+    CHECK(parsed->id() == alice.id()); // the writer's PeerId, as readers derive it
+    CHECK(parse_owner_marker(bytes_of("[owner:" + std::string(32, '1') + "]")) == public_key{});
+    for (const std::string& text :
+         {std::string(), std::string("[owner:]"), std::string("[owner:abc]"),
+          std::string("[owner:0OIl]"), a.substr(0, a.size() - 1), "x" + a, a + "x", a + a,
+          "[owner:1" + a.substr(7), // non-canonical leading '1'
+          "[OWNER:" + a.substr(7), std::string(alice.id().view().size(), '1')}) {
+        INFO(text);
+        CHECK_FALSE(parse_owner_marker(bytes_of(text)));
+    }
+    // A PeerId's raw bytes are no marker.
+    CHECK_FALSE(parse_owner_marker(alice.id().view()));
+}
+
 TEST_CASE("owner validator: unprotected records carry no signature", "[dht][validator]") {
     const owner_validator v(identity_of(1));
     record r = item("key", "sub", "value", at_seconds(10));

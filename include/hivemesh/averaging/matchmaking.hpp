@@ -2,10 +2,14 @@
 // (DESIGN §5).
 //
 // A peer looking for a group declares itself under the DHT key "<prefix>.0b<bits>" (subkey:
-// its PeerId, value: its listen address, expiration: the end of its search window). Peers
-// are ordered by (expiration, PeerId). A peer asks the earliest declared peers before it to
-// lead it, one at a time; a leader accepts later peers (and clients, which never lead) until
-// the group reaches target_group_size or holds the members the search expects
+// its owner marker "[owner:<base58 Ed25519 public key>]", so the DHT signs the declaration
+// and refuses anyone else's store or withdrawal there; value: its listen address without a
+// PeerId; expiration: the end of its search window). Readers take the PeerId from the
+// marker's key and skip subkeys that are not one marker; a dial checks that PeerId, so an
+// address that belongs to someone else leads nowhere. Peers are ordered by (expiration,
+// PeerId). A peer asks the earliest declared peers before it to lead it, one at a time; a
+// leader accepts later peers (and clients, which never lead) until the group reaches
+// target_group_size or holds the members the search expects
 // (match_request::expected_members), or until its own expiration if it then has at least
 // min_group_size members, and then sends every follower the group: a fresh id and the
 // ordered members (leader first, then followers in the order they joined) with what each
@@ -25,6 +29,7 @@
 #include "hivemesh/core/async.hpp"
 #include "hivemesh/core/log.hpp"
 #include "hivemesh/dht/node.hpp"
+#include "hivemesh/dht/validator.hpp"
 #include "hivemesh/net/node.hpp"
 
 #include <asio/async_result.hpp>
@@ -65,9 +70,11 @@ struct match_request {
     group_bits bits;               ///< the Moshpit group bits of the key to look under
     std::uint64_t schema_hash = 0; ///< peers with different hashes never group
     member_role role = member_role::node;
-    double bandwidth = 0;  ///< for load balancing; 0 for a client
-    byte_buffer metadata;  ///< the application's bytes, handed to every member
-    duration window = 15s; ///< look this long; the declaration expires then
+    double bandwidth = 0; ///< for load balancing; 0 for a client
+    byte_buffer metadata; ///< the application's bytes, handed to every member
+    /// Look this long; the declaration expires then, so keep it within the replicas'
+    /// dht::storage_limits::max_lifetime (5 min by default), which refuse a later one.
+    duration window = 15s;
     /// Leading, form the group even below target_group_size once `ready()` (the caller's
     /// values are ready to average) and the group holds `expected_members` members that are
     /// not aux peers (and at least min_group_size): e.g. every peer known to take part, once
@@ -158,12 +165,14 @@ private:
             , dht(&d)
             , executor(r.get_executor())
             , announce(std::move(a))
-            , options(std::move(o)) {}
+            , options(std::move(o))
+            , own_subkey(to_buffer(as_bytes(dht::owner_marker(r.identity().public_key())))) {}
         rpc_node_type* rpc;
         dht_node_type* dht;
         asio::any_io_executor executor;
         std::optional<endpoint_type> announce;
         matchmaking_options options;
+        byte_buffer own_subkey; ///< our owner marker: the subkey of our declarations
         std::shared_ptr<attempt> current;
         std::uint64_t searches = 0;
 
@@ -349,29 +358,30 @@ private:
         co_return std::pair{std::error_code{}, std::move(*found)};
     }
 
-    /// Stores our declaration: our address, until the end of our window.
+    /// Stores our declaration: our address, until the end of our window (signed by the DHT
+    /// node's owner_validator).
     static asio::awaitable<void> declare(state_ptr st, attempt& a) {
         byte_buffer value;
         binary_writer w(value);
         Transport::to_address(*st->announce).write_without_peer(w);
-        const auto& id = st->rpc->id().bytes();
         auto [ec, outcome] =
-            co_await st->dht->async_store(as_bytes(a.key), byte_view(id), value, a.expiration);
+            co_await st->dht->async_store(as_bytes(a.key), st->own_subkey, value, a.expiration);
         if (ec) log::debug("matchmaking", "declaration under ", a.key, ": ", ec.message());
     }
 
     /// Starts withdrawing our declaration (an empty value, strictly later) without waiting.
     /// A next search whose declaration expires later still wins whichever store lands first.
     static void withdraw(const state_ptr& st, const attempt& a) {
-        const auto& id = st->rpc->id().bytes();
         st->dht->async_store(
-            as_bytes(a.key), byte_view(id), byte_view{}, a.expiration + duration(1),
+            as_bytes(a.key), st->own_subkey, byte_view{}, a.expiration + duration(1),
             [key = a.key](std::error_code ec, dht::store_outcome) {
                 if (ec) log::debug("matchmaking", "withdrawal under ", key, ": ", ec.message());
             });
     }
 
-    /// The declared peers that could lead us, earliest first.
+    /// The declared peers that could lead us, earliest first. Skips subkeys that are not one
+    /// owner marker (the DHT checked the signatures of those that are), withdrawals, and
+    /// addresses we cannot dial.
     static asio::awaitable<std::vector<candidate>> fetch(state_ptr st, attempt& a) {
         dht::get_options options;
         options.latest = true;
@@ -381,13 +391,11 @@ private:
         const time_point now = st->now();
         const bool client = a.request.role == member_role::client;
         for (const auto& [subkey, value] : entry.dictionary) {
-            if (subkey.size() != crypto::peer_id::size || value.value.empty() ||
-                value.expiration <= now)
+            if (value.value.empty() || value.expiration <= now || subkey == st->own_subkey)
                 continue;
-            crypto::peer_id::bytes_type bytes{};
-            std::copy(subkey.begin(), subkey.end(), bytes.begin());
-            const crypto::peer_id id(bytes);
-            if (id == st->rpc->id()) continue;
+            const auto owner = dht::parse_owner_marker(subkey);
+            if (!owner) continue;
+            const crypto::peer_id id = owner->id();
             if (!client &&
                 !(std::pair(value.expiration, id) < std::pair(a.expiration, st->rpc->id())))
                 continue;

@@ -6,6 +6,7 @@
 #include "hivemesh/core/async.hpp"
 #include "hivemesh/core/log.hpp"
 #include "hivemesh/dht/node.hpp"
+#include "hivemesh/dht/validator.hpp"
 #include "hivemesh/net/node.hpp"
 #include "hivemesh/net/rpc_wire.hpp"
 #include "hivemesh/net/transport.hpp"
@@ -49,7 +50,8 @@ struct server_options {
     /// A chunk and the header (32 bytes per chunk) each travel as one RPC message, so keep
     /// both under the multiplexer's max_message_size (16 MiB) and the newcomers' limits.
     std::size_t chunk_size_bytes = 1 << 20;
-    /// Lifetime of the DHT advertisement; it is refreshed every refresh_period.
+    /// Lifetime of the DHT advertisement; it is refreshed every refresh_period. Keep it within
+    /// the replicas' dht::storage_limits::max_lifetime (5 min by default), which refuse more.
     duration advertisement_ttl = 60s;
     duration refresh_period = 20s;
     /// Uploads served at once; more are refused (errc::refused), so the newcomer tries the
@@ -70,8 +72,9 @@ struct server_statistics {
 };
 
 /// Serves this peer's state to newcomers: registers "<prefix>.state" on the RPC node and
-/// advertises (priority, `announce`) in the DHT under "<prefix>_state_donors", refreshing the
-/// record while serving. Uses (does not own) the RPC and DHT nodes, which must outlive it.
+/// advertises (priority, `announce`) in the DHT under "<prefix>_state_donors", subkey = its
+/// owner marker (signed by the DHT node's owner_validator), refreshing the record while
+/// serving. Uses (does not own) the RPC and DHT nodes, which must outlive it.
 ///
 /// Each upload calls `provider` once and streams the state it returns chunk by chunk (the
 /// multiplexer's send completes when a chunk is written, so at most about one chunk is
@@ -110,7 +113,7 @@ public:
         st.prefix = std::move(prefix);
         const std::string key = donors_key(st.prefix);
         st.key = to_buffer(as_bytes(key));
-        st.subkey = to_buffer(rpc.id().view());
+        st.subkey = to_buffer(as_bytes(dht::owner_marker(rpc.identity().public_key())));
         st.address = Transport::to_address(announce).without_peer();
         st.provider = std::move(provider);
         st.priority = priority;

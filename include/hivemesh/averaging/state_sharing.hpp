@@ -3,10 +3,13 @@
 // downloads the state from the best of them as a chunked, hash-verified stream, falling back
 // to the next donor when a download fails.
 //
-// DHT: key "<prefix>_state_donors" is a dictionary; subkey = the donor's 32 PeerId bytes,
-// value = a donor_record (priority, listen address). A donor refreshes its record while it
-// serves; on stop it stores an empty value (a tombstone) with a later expiration, which
-// readers skip, so it disappears at once instead of when its record would have expired.
+// DHT: key "<prefix>_state_donors" is a dictionary; subkey = the donor's owner marker
+// "[owner:<base58 Ed25519 public key>]", so only the donor can write or withdraw its record
+// (the DHT checks the signature); value = a donor_record (priority, listen address without a
+// PeerId). Readers take the donor's PeerId from the marker's key, and the download's dial
+// checks it. A donor refreshes its record while it serves; on stop it stores an empty value
+// (a tombstone) with a later expiration, which readers skip, so it disappears at once instead
+// of when its record would have expired.
 //
 // RPC: one streaming call "<prefix>.state". The newcomer sends a state_request and closes
 // its side; the donor answers with a state_header (metadata, tensor sizes, chunk geometry

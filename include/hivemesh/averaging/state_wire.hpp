@@ -11,6 +11,7 @@
 #include "hivemesh/core/log.hpp"
 #include "hivemesh/crypto/peer_id.hpp"
 #include "hivemesh/dht/messages.hpp"
+#include "hivemesh/dht/validator.hpp"
 #include "hivemesh/net/address.hpp"
 
 #include <sodium.h>
@@ -125,7 +126,8 @@ struct state_chunk {
     byte_view payload;
 };
 
-/// A donor's advertisement, the value of its subkey in the DHT (the subkey is its PeerId).
+/// A donor's advertisement, the value of its subkey in the DHT (the subkey is its owner
+/// marker, from which readers derive its PeerId).
 /// Wire: u8 version (1) | f64 priority (finite) | listen address (net::peer_address binary
 /// form, canonical, without PeerId).
 struct donor_record {
@@ -506,16 +508,18 @@ struct donor_info {
 };
 
 /// The donors in a `<prefix>_state_donors` entry, best first: priority descending, ties by
-/// PeerId ascending. Skipped: subkeys that are not 32 bytes, tombstones (empty values),
-/// records that do not decode, and `exclude` (the caller itself).
+/// PeerId ascending. A donor's PeerId is that of the key its subkey's owner marker names.
+/// Skipped: subkeys that are not exactly one owner marker, tombstones (empty values),
+/// records that do not decode, and `exclude` (the caller itself). The signatures are the
+/// DHT's to check (a dht::node keeps and returns only signed marker records).
 inline std::vector<donor_info> parse_donors(const dht::key_entry& entry,
                                             const std::optional<crypto::peer_id>& exclude = {}) {
     std::vector<donor_info> out;
     for (const auto& [subkey, value] : entry.dictionary) {
-        if (subkey.size() != crypto::peer_id::size || value.value.empty()) continue;
-        crypto::peer_id::bytes_type bytes;
-        std::copy(subkey.begin(), subkey.end(), bytes.begin());
-        const crypto::peer_id id(bytes);
+        if (value.value.empty()) continue;
+        const auto owner = dht::parse_owner_marker(subkey);
+        if (!owner) continue;
+        const crypto::peer_id id = owner->id();
         if (exclude && id == *exclude) continue;
         donor_record record;
         if (auto ec = decode(value.value, record)) {

@@ -12,6 +12,11 @@
 // replica of (so values survive crashes); keys are also handed to newly seen nodes that
 // become their nearest.
 //
+// Owner markers (dht/validator.hpp) are part of the protocol: every node checks them with an
+// owner_validator for its RPC node's identity, installed at construction, which also signs
+// the records this node owns. A node that skipped the check would keep and hand out forged
+// records, and its reads would take them from a lying replica.
+//
 // Threading: everything runs on the RPC node's executor (one thread, or a strand). The
 // asynchronous API may be called from any thread; the blocking forms must not be called
 // on an io thread (they fail with errc::wrong_thread instead of deadlocking).
@@ -74,7 +79,12 @@ struct node_options {
     std::size_t max_keys_per_request = 32;
     /// Limits of the values this node stores for others, and of its cache.
     storage_limits storage;
-    storage_limits cache = {1024, 1024, 64 * 1024, 1024, 32u << 20};
+    storage_limits cache = {.max_key_size = 1024,
+                            .max_subkey_size = 1024,
+                            .max_value_size = 64 * 1024,
+                            .max_subkeys_per_key = 1024,
+                            .max_total_bytes = 32u << 20,
+                            .max_lifetime = std::chrono::minutes(5)};
     message_limits messages;
     /// Requests a peer may send (a store costs one per item), and the burst allowed.
     double requests_per_second = 500;
@@ -181,13 +191,15 @@ public:
 
     /// Registers the DHT methods on `rpc` (unless `announce` is empty: client mode, where
     /// the node asks but serves nothing and nobody adds it to a routing table) and starts
-    /// the maintenance loop. `announce` is where other nodes reach `rpc`.
+    /// the maintenance loop. `announce` is where other nodes reach `rpc`. Installs an
+    /// owner_validator for `rpc.identity()` (see the file comment).
     node(rpc_node_type& rpc, std::optional<endpoint_type> announce, node_options options = {})
         : state_(std::make_shared<state>(rpc, std::move(announce), std::move(options))) {
         if (state_->options.alpha == 0 || state_->options.num_replicas == 0 ||
             state_->options.max_keys_per_request == 0)
             throw std::invalid_argument(
                 "hivemesh::dht::node: alpha, num_replicas and max_keys_per_request must be > 0");
+        state_->validators.add(std::make_shared<owner_validator>(rpc.identity()));
         if (state_->announce) register_handlers(state_);
         if (state_->options.maintenance_period > duration::zero())
             asio::co_spawn(state_->executor, maintain(state_), asio::detached);
@@ -201,8 +213,9 @@ public:
     bool client_mode() const noexcept { return !state_->announce; }
     asio::any_io_executor get_executor() const { return state_->executor; }
 
-    /// Adds a validator; every stored and every received record must pass all of them,
-    /// and records we store are signed by them (owner markers). Call before serving.
+    /// Adds a validator after the node's owner_validator; every stored and every received
+    /// record must pass all of them, and records we store are signed by them. Call before
+    /// serving.
     void add_validator(std::shared_ptr<const record_validator> validator);
 
     /// Contacts `initial` peers, then looks up our own id and refreshes the buckets, so the

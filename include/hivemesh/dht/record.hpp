@@ -75,9 +75,10 @@ enum class store_status : std::uint8_t {
     too_many_subkeys = 5, ///< the dictionary already holds the maximum number of subkeys
     storage_full = 6,     ///< the node's total storage limit would be exceeded
     rate_limited = 7,     ///< the sender exceeded its store allowance
+    too_far_ahead = 8,    ///< expires later than storage_limits::max_lifetime from now
 };
 
-inline constexpr std::uint8_t max_store_status = 7;
+inline constexpr std::uint8_t max_store_status = 8;
 
 inline std::string_view to_string(store_status s) noexcept {
     switch (s) {
@@ -97,6 +98,8 @@ inline std::string_view to_string(store_status s) noexcept {
         return "storage full";
     case store_status::rate_limited:
         return "rate limited";
+    case store_status::too_far_ahead:
+        return "expiration too far ahead";
     }
     return "unknown";
 }

@@ -7,6 +7,8 @@
 // only if it expires strictly later than the dictionary's latest live subkey, and a subkey
 // replaces a plain value only if it expires strictly later than the plain value.
 //
+// No item may expire more than storage_limits::max_lifetime after the store that brings it.
+//
 // Accounting: each item (a plain value or one subkey) counts
 //   key + subkey + value + signature + storage::item_overhead
 // bytes. The key is counted once per item, so dictionaries are slightly overestimated.
@@ -19,21 +21,42 @@
 #include "hivemesh/dht/record.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <unordered_map>
 #include <utility>
 
 namespace hivemesh::dht {
 
-/// Size limits of a storage. A record over any of them is refused as too_large.
+/// Limits of a storage. A record over a size limit is refused as too_large.
 struct storage_limits {
     std::size_t max_key_size = 1024;
     std::size_t max_subkey_size = 1024;
     std::size_t max_value_size = 64 * 1024;
     std::size_t max_subkeys_per_key = 1024;
     std::size_t max_total_bytes = 256u << 20;
+    /// How far ahead of now a stored record may expire; later is refused (too_far_ahead).
+    /// A store wins only with a later expiration, so a far one would hold its slot and bytes
+    /// that long: an unsigned one against every writer, a signed one (only its owner can
+    /// write it) with nobody able to free it. The cap is a storage limit for every
+    /// record, not a validator: it bounds what a node keeps, and validators neither know the
+    /// time nor only see fresh stores. The swarm's records live 60 s at most by default
+    /// (progress, state donors; a matchmaking window is 15 s): 5 min leaves room for longer
+    /// settings and clock skew.
+    duration max_lifetime = std::chrono::minutes(5);
 };
+
+/// True if `expiration` is more than `max_lifetime` after `now` (exact for any values: no
+/// overflow; a negative max_lifetime counts as zero).
+inline bool too_far_ahead(time_point expiration, time_point now, duration max_lifetime) noexcept {
+    if (expiration <= now) return false;
+    // The true difference is in (0, 2^64), so the unsigned one is exact.
+    const auto ahead = static_cast<std::uint64_t>(expiration.time_since_epoch().count()) -
+                       static_cast<std::uint64_t>(now.time_since_epoch().count());
+    return ahead > static_cast<std::uint64_t>(std::max(max_lifetime, duration::zero()).count());
+}
 
 /// Longest signature a record may carry (an Ed25519 signature is 64 bytes).
 inline constexpr std::size_t max_signature_size = 128;
@@ -56,7 +79,8 @@ public:
     }
 
     /// Stores `r` as of `now`. Checks, in this order: too_large (key, subkey, value or
-    /// signature over its limit), expired (`r.expiration <= now`), outdated (the slot
+    /// signature over its limit), expired (`r.expiration <= now`), too_far_ahead
+    /// (`r.expiration` more than max_lifetime after `now`), outdated (the slot
     /// holds an equal or later live expiration; for a kind switch, see the file comment),
     /// too_many_subkeys (a new subkey in a full dictionary), storage_full (the total would
     /// exceed max_total_bytes even after purging expired items). Returns stored otherwise.
@@ -67,6 +91,8 @@ public:
             (r.subkey && r.subkey->size() > limits_.max_subkey_size))
             return store_status::too_large;
         if (r.expiration <= now) return store_status::expired;
+        if (too_far_ahead(r.expiration, now, limits_.max_lifetime))
+            return store_status::too_far_ahead;
 
         const dht::id key_id = r.key_id();
         auto it = entries_.find(key_id);

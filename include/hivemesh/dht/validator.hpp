@@ -12,6 +12,7 @@
 
 #include "hivemesh/core/binary.hpp"
 #include "hivemesh/core/bytes.hpp"
+#include "hivemesh/core/config.hpp"
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/crypto/identity.hpp"
 #include "hivemesh/crypto/peer_id.hpp"
@@ -56,6 +57,11 @@ inline byte_buffer signing_payload(const record& r) {
 inline std::string owner_marker(const crypto::public_key& key) {
     return "[owner:" + crypto::base58_encode(key.view()) + "]";
 }
+
+/// The key named by `text` if it is exactly one owner marker as owner_marker() writes it
+/// ("[owner:" + canonical base58 of 32 bytes + "]"), else nullopt. Readers of records whose
+/// subkey names their writer use it: the writer's PeerId is then the key's id().
+HIVEMESH_DECL std::optional<crypto::public_key> parse_owner_marker(byte_view text);
 
 /// The key that owns `r`: nullopt with `ec` clear if `r` is unprotected. Errors
 /// (invalid_argument): markers naming different keys, or a malformed marker.
@@ -201,3 +207,7 @@ private:
 };
 
 } // namespace hivemesh::dht
+
+#if !defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/dht/impl/validator.ipp"
+#endif

@@ -67,7 +67,7 @@ inline std::string progress_key(std::string_view run_id) {
 }
 
 /// True if `subkey` is exactly one owner marker, "[owner:" + canonical base58 of a 32-byte
-/// key + "]", as owner_marker() writes it.
+/// key + "]", as owner_marker() writes it (dht::parse_owner_marker).
 HIVEMESH_DECL bool is_owner_marker(byte_view subkey);
 
 /// Encodes `r`. Throws std::system_error(invalid_argument) for a samples_per_second that is

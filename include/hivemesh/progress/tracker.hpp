@@ -80,7 +80,8 @@ struct tracker_options {
     duration max_refresh = 10s;
     /// How long a record lives in the DHT; a record is republished every half of this, and
     /// one whose report time is this old no longer counts (its peer stopped reporting).
-    /// At least 2 · min_refresh.
+    /// At least 2 · min_refresh, and within the replicas' dht::storage_limits::max_lifetime
+    /// (5 min by default), which refuse a later expiration.
     duration record_expiration = 60s;
     /// Smoothing factor of the samples-per-second EMA, in (0, 1]: the weight of the newest
     /// interval between two reports (throughput_ema).

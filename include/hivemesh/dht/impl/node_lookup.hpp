@@ -157,6 +157,7 @@ asio::awaitable<void> node<Transport>::ask(state_ptr st, std::shared_ptr<lookup>
 
 template <net::transport Transport>
 void node<Transport>::absorb(const state_ptr& st, lookup& l, reply& r) {
+    const time_point now = st->now();
     for (std::size_t n = 0; n < r.searches.size(); ++n) {
         auto& s = l.searches[r.searches[n]];
         --s.in_flight;
@@ -171,15 +172,19 @@ void node<Transport>::absorb(const state_ptr& st, lookup& l, reply& r) {
         auto& result = r.response.results[n];
         bool had_value = false;
         if (result.entry && dht::id::of_key(result.entry->key) == s.target) {
-            // Keep only what our validators accept: a bad record from one node must not
-            // hide good ones from others.
+            // Keep only what our validators accept, and no expiration our storage would
+            // refuse as too far ahead: a bad record from one node must not hide good ones
+            // from others.
+            const auto acceptable = [&](const std::optional<byte_buffer>& subkey,
+                                        const stored_value& value) {
+                return !too_far_ahead(value.expiration, now, st->options.storage.max_lifetime) &&
+                       !st->validators.validate(result.entry->to_record(subkey, value));
+            };
             key_entry valid{result.entry->key, {}, {}};
-            if (result.entry->plain && !st->validators.validate(result.entry->to_record(
-                                           std::nullopt, *result.entry->plain)))
+            if (result.entry->plain && acceptable(std::nullopt, *result.entry->plain))
                 valid.plain = result.entry->plain;
             for (auto& [subkey, value] : result.entry->dictionary)
-                if (!st->validators.validate(result.entry->to_record(subkey, value)))
-                    valid.dictionary.emplace(subkey, value);
+                if (acceptable(subkey, value)) valid.dictionary.emplace(subkey, value);
             had_value = !valid.empty();
             detail::merge_entry(s.found, valid);
         }

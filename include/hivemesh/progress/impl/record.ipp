@@ -6,13 +6,7 @@
 namespace hivemesh::progress {
 
 HIVEMESH_DECL bool is_owner_marker(byte_view subkey) {
-    static constexpr std::string_view prefix = "[owner:";
-    const std::string_view text = as_string_view(subkey);
-    if (text.size() <= prefix.size() + 1 || !text.starts_with(prefix) || !text.ends_with(']'))
-        return false;
-    crypto::public_key::bytes_type bytes{};
-    return crypto::base58_decode(text.substr(prefix.size(), text.size() - prefix.size() - 1),
-                                 bytes);
+    return dht::parse_owner_marker(subkey).has_value();
 }
 
 HIVEMESH_DECL byte_buffer encode(const progress_record& r) {
