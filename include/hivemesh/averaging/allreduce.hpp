@@ -316,7 +316,7 @@ public:
     /// read: that part is never sent and the round ends at once, the result telling what was
     /// averaged before), cancelled (the token's cancellation slot was emitted, on the node's
     /// executor; the result still tells what was averaged before).
-    /// Timeouts and failed peers are not errors: see allreduce_result::parts.
+    /// Timeouts, failed peers and hostile values are not errors: see allreduce_result::parts.
     template <ASIO_COMPLETION_TOKEN_FOR(completion_signature) Token = default_token_t>
     auto async_allreduce(group_type group, std::size_t me, std::vector<std::size_t> spans,
                          std::span<float> local, double weight, duration timeout,
