@@ -820,6 +820,45 @@ TEST_CASE("allreduce: finite values whose sum overflows are neither applied nor 
         }
 }
 
+TEST_CASE("allreduce on TCP with a compute thread pool and the norm bound: a hostile client's "
+          "parts are left out at every reducer, an aux one too",
+          "[allreduce][hostile]") {
+    asio::thread_pool compute(2); // outlives the group: strands on it are in its services
+    auto options = allreduce_group<tcp_world>::small_parts();
+    options.max_norm_ratio = 10;
+    allreduce_group<tcp_world> g(
+        {member_role::node, member_role::client, member_role::node, member_role::aux}, 5003,
+        options, 9, compute.get_executor());
+    averaging::allreduce_hooks hooks;
+    hooks.rewrite_sent = [](std::size_t, std::size_t part, std::span<float> values) {
+        if (part % 2 == 0)
+            values[0] = std::numeric_limits<float>::quiet_NaN();
+        else
+            for (float& v : values)
+                v *= 1000;
+    };
+    g.peers[1].service->set_hooks(hooks);
+    g.run(60s);
+    std::vector<std::size_t> span_begin{0};
+    for (const std::size_t size : g.spans)
+        span_begin.push_back(span_begin.back() + size);
+    for (std::size_t i = 0; i < 4; ++i) {
+        INFO("peer " << i);
+        const auto& [ec, result] = *g.peers[i].outcome;
+        REQUIRE_FALSE(ec);
+        CHECK(result.fraction_averaged() == 1.0);
+        CHECK(result.excluded == std::vector<bool>{false, true, false, false});
+        for (const auto& part : result.parts) {
+            const std::size_t q = (part.begin - span_begin[part.reducer]) / 250;
+            const auto fault = q % 2 == 0 ? value_fault::non_finite : value_fault::norm_bound;
+            REQUIRE(part.contributors == std::vector<bool>{true, false, true, false});
+            REQUIRE(part.excluded == std::vector<exclusion>{{1, fault}});
+        }
+        if (i != 3) g.check_consistent(i);
+        CHECK(all_finite(g.peers[i].values));
+    }
+}
+
 TEST_CASE("allreduce: the norm bound compares each norm with the lower median of all, holds none "
           "while that is 0, and is 0 or at least 1",
           "[allreduce][hostile]") {
