@@ -1,6 +1,7 @@
 // The butterfly all-reduce on both transports: exact weighted means for every mix of
-// roles, the traffic formula, compression, malformed messages, and the fault semantics
-// (a peer that fails or is slow before, while sending or while reducing, or cancels).
+// roles, the traffic formula, compression, malformed messages, the fault semantics
+// (a peer that fails or is slow before, while sending or while reducing, or cancels), and
+// hostile values (non-finite or out-of-bound parts and averages).
 #include "support/bytes.hpp"
 #include "support/faults.hpp"
 #include "support/identities.hpp"
@@ -18,6 +19,7 @@
 
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -26,7 +28,9 @@ namespace hivemesh::test {
 namespace {
 
 using averaging::allreduce_result;
+using averaging::exclusion;
 using averaging::member_role;
+using averaging::value_fault;
 
 /// A group of peers on one world: the swarm fixture's hosts (RPC nodes, no DHT), each with an
 /// all-reduce service on top. Peer i is host members[i].
@@ -178,6 +182,37 @@ std::vector<bool> all_but(std::size_t n, std::vector<std::size_t> excluded) {
     return out;
 }
 
+/// Values whose weighted means are exact in float32, float16 and blockwise_8bit: small
+/// integers, constant over each run of 64 elements (whole blocks of 64 encode them exactly),
+/// different for every peer; `weights` such that any subset used sums to a power of two.
+template <class Group>
+void set_exact_values(Group& g, const std::vector<double>& weights) {
+    for (std::size_t i = 0; i < g.peers.size(); ++i) {
+        auto& p = g.peers[i];
+        for (std::size_t e = 0; e < p.initial.size(); ++e)
+            p.initial[e] = static_cast<float>(1 + (e / 64 * 7 + i * 5) % 40);
+        p.values = p.initial;
+        p.weight = weights[i];
+    }
+}
+
+/// Options for exact blockwise_8bit rounds: blocks of 64 and parts of whole blocks.
+averaging::allreduce_options exact_options(compression::kind codec) {
+    auto options = allreduce_group<sim_world>::small_parts();
+    options.codec = codec;
+    if (codec == compression::kind::blockwise_8bit) {
+        options.codec_options.block_size = 64;
+        options.part_size_bytes = 545;
+        REQUIRE(averaging::detail::part_elements_for(options.part_size_bytes, codec,
+                                                     options.codec_options) == 512);
+    }
+    return options;
+}
+
+bool all_finite(const std::vector<float>& values) {
+    return std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); });
+}
+
 } // namespace
 
 TEMPLATE_TEST_CASE("allreduce: 4 peers, every mix of 0-2 clients and 0-2 aux, give the exact "
@@ -305,6 +340,7 @@ TEST_CASE("allreduce: invalid arguments are refused with invalid_argument", "[al
     expect_refused([](G&, S&, std::size_t& me, double&, V&) { me = 7; });      // out of range
     expect_refused([](G&, S&, std::size_t&, double& w, V&) { w = 0; });
     expect_refused([](G&, S&, std::size_t&, double& w, V&) { w = std::nan(""); });
+    expect_refused([](G&, S&, std::size_t&, double& w, V&) { w = 1e39; }); // not a float
     expect_refused([](G& group, S&, std::size_t&, double&, V&) {
         group.members[2].peer.id = group.members[1].peer.id; // duplicate member
     });
@@ -408,7 +444,7 @@ TEST_CASE("allreduce: a member of another group, a stranger and malformed parts 
     auto wrong_span = begin;
     wrong_span.span_size += 1;
     CHECK(call(0, {encode(wrong_span)}) == errc::protocol_violation);
-    CHECK(call(0, {bytes_of({1, 1, 2})}) == errc::protocol_violation);
+    CHECK(call(0, {bytes_of({2, 1, 2})}) == errc::protocol_violation);
 
     // A non-member claiming to be member 0: its key proves otherwise.
     g.add_rpc(identity_of(99));
@@ -579,6 +615,316 @@ TEST_CASE("allreduce over a list of tensors writes the averages back into each t
             const float got = e < 400 ? a[i][e] : b[i][e - 400];
             REQUIRE(std::abs(got - g.mean_of(e, everyone)) <= 1e-6 * g.mean_of(e, everyone));
         }
+}
+
+TEST_CASE("allreduce: a sender's NaN or infinity leaves it out of that part's mean, weight and "
+          "all, every result names it, and no tensor gets a non-finite value",
+          "[allreduce][hostile]") {
+    struct case_t {
+        compression::kind codec;
+        float bad;
+    };
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (const case_t c :
+         {case_t{compression::kind::none, nan}, case_t{compression::kind::none, INFINITY},
+          case_t{compression::kind::none, -INFINITY}, case_t{compression::kind::float16, nan}})
+        for (const double bound : {0.0, 10.0}) {
+            INFO(compression::to_string(c.codec) << ", " << c.bad << ", bound " << bound);
+            auto options = exact_options(c.codec);
+            options.max_norm_ratio = bound;
+            allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 4096,
+                                         options);
+            // Honest weights sum to 4, everyone's to 8: both exact denominators.
+            set_exact_values(g, {1, 4, 1, 2});
+            averaging::allreduce_hooks hooks;
+            hooks.rewrite_sent = [&](std::size_t reducer, std::size_t, std::span<float> values) {
+                if (reducer != 1) values[values.size() / 2] = c.bad; // one bad value a part
+            };
+            g.peers[1].service->set_hooks(hooks);
+            g.run(60s);
+            const std::vector<exclusion> named{{1, value_fault::non_finite}};
+            for (std::size_t i = 0; i < 4; ++i) {
+                INFO("peer " << i);
+                const auto& [ec, result] = *g.peers[i].outcome;
+                REQUIRE_FALSE(ec);
+                CHECK(result.fraction_averaged() == 1.0);
+                CHECK(result.excluded == std::vector<bool>{false, true, false, false});
+                CHECK(result.parts_refused == 0);
+                for (const auto& part : result.parts) {
+                    // Member 1 reduces its own span honestly, with its true values.
+                    const bool own_span = part.reducer == 1;
+                    REQUIRE(part.contributors == all_but(4, own_span
+                                                                ? std::vector<std::size_t>{}
+                                                                : std::vector<std::size_t>{1}));
+                    REQUIRE(part.excluded == (own_span ? std::vector<exclusion>{} : named));
+                    REQUIRE_FALSE(part.refused);
+                }
+                g.check_consistent(i, 0.0); // exactly the mean of the contributors named
+                CHECK(all_finite(g.peers[i].values));
+            }
+        }
+}
+
+TEST_CASE("allreduce: with max_norm_ratio a part 1000 times the others' norm is left out of the "
+          "mean, and without the bound it counts",
+          "[allreduce][hostile]") {
+    for (const auto codec :
+         {compression::kind::none, compression::kind::float16, compression::kind::blockwise_8bit})
+        for (const double bound : {10.0, 0.0}) {
+            INFO(compression::to_string(codec) << ", bound " << bound);
+            auto options = exact_options(codec);
+            options.max_norm_ratio = bound;
+            allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 4096,
+                                         options);
+            set_exact_values(g, {1, 4, 1, 2});
+            averaging::allreduce_hooks hooks;
+            hooks.rewrite_sent = [](std::size_t reducer, std::size_t, std::span<float> values) {
+                if (reducer != 1)
+                    for (float& v : values)
+                        v *= 1000;
+            };
+            g.peers[1].service->set_hooks(hooks);
+            g.run(60s);
+            const std::vector<exclusion> named{{1, value_fault::norm_bound}};
+            for (std::size_t i = 0; i < 4; ++i) {
+                INFO("peer " << i);
+                const auto& [ec, result] = *g.peers[i].outcome;
+                REQUIRE_FALSE(ec);
+                CHECK(result.fraction_averaged() == 1.0);
+                CHECK(result.excluded == std::vector<bool>{false, bound > 0, false, false});
+                for (const auto& part : result.parts) {
+                    const bool left_out = bound > 0 && part.reducer != 1;
+                    REQUIRE(part.contributors == all_but(4, left_out ? std::vector<std::size_t>{1}
+                                                                     : std::vector<std::size_t>{}));
+                    REQUIRE(part.excluded == (left_out ? named : std::vector<exclusion>{}));
+                    REQUIRE_FALSE(part.refused);
+                    if (left_out || part.reducer == 1) continue;
+                    // Counted: the mean holds member 1's values times 1000 (float16 rounds them).
+                    for (std::size_t e = part.begin; e < part.begin + part.size; ++e) {
+                        double sum = 0;
+                        for (std::size_t j = 0; j < 4; ++j)
+                            sum += g.peers[j].weight * g.peers[j].initial[e] * (j == 1 ? 1000 : 1);
+                        const double want = sum / 8;
+                        const double tolerance = codec == compression::kind::float16 ? 2e-3 : 0;
+                        INFO("element " << e);
+                        REQUIRE(std::abs(g.peers[i].values[e] - want) <= tolerance * want);
+                    }
+                }
+                if (bound > 0) g.check_consistent(i, 0.0);
+                CHECK(all_finite(g.peers[i].values));
+            }
+        }
+}
+
+TEST_CASE("allreduce: a reducer's non-finite or absurd averages are refused: the senders keep "
+          "their own values for those parts and say why",
+          "[allreduce][hostile]") {
+    struct case_t {
+        compression::kind codec;
+        double bound;
+        float bad;     ///< part 1's averages become this (0: 1e6 times the true ones)
+        bool carry_on; ///< the part after it is still averaged
+    };
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (const case_t c : {case_t{compression::kind::none, 0, nan, false},
+                           case_t{compression::kind::none, 0, INFINITY, false},
+                           case_t{compression::kind::float16, 0, nan, false},
+                           case_t{compression::kind::none, 10, nan, false},
+                           case_t{compression::kind::none, 10, 0, true},
+                           case_t{compression::kind::float16, 10, 0, true}}) {
+        INFO(compression::to_string(c.codec) << ", bound " << c.bound << ", " << c.bad);
+        auto options = exact_options(c.codec);
+        options.max_norm_ratio = c.bound;
+        allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 4096, options);
+        set_exact_values(g, {1, 4, 1, 2});
+        averaging::allreduce_hooks hooks;
+        hooks.rewrite_sent = [&](std::size_t reducer, std::size_t part, std::span<float> values) {
+            if (reducer != 1 || part != 1) return; // member 1's averages of its part 1
+            for (float& v : values)
+                v = c.bad == 0 ? v * 1e6f : c.bad;
+        };
+        g.peers[1].service->set_hooks(hooks);
+        g.run(60s);
+        const std::size_t per_part = averaging::detail::part_elements_for(
+            options.part_size_bytes, options.codec, options.codec_options);
+        const auto fault = c.bad == 0 ? value_fault::norm_bound : value_fault::non_finite;
+        for (std::size_t i = 0; i < 4; ++i) {
+            INFO("peer " << i);
+            const auto& [ec, result] = *g.peers[i].outcome;
+            REQUIRE_FALSE(ec);
+            CHECK(all_finite(g.peers[i].values));
+            if (i == 1) continue; // applied its own true averages
+            CHECK(result.parts_refused == 1);
+            CHECK(result.excluded == std::vector<bool>(4, false));
+            for (const auto& part : result.parts) {
+                const std::size_t q = (part.begin - g.spans[0] * part.reducer) / per_part;
+                INFO("reducer " << part.reducer << ", part " << q);
+                CHECK(part.excluded.empty());
+                if (part.reducer != 1 || q == 0 || (q > 1 && c.carry_on)) {
+                    CHECK(part.contributors == all_but(4, {}));
+                    CHECK_FALSE(part.refused);
+                } else if (q == 1) {
+                    CHECK_FALSE(part.averaged());
+                    CHECK(part.refused == fault);
+                } else { // a reducer that sent non-finite values is not heard any more
+                    CHECK_FALSE(part.averaged());
+                    CHECK_FALSE(part.refused);
+                }
+            }
+            g.check_consistent(i, 0.0); // averaged exactly, or our own values
+        }
+    }
+}
+
+TEST_CASE("allreduce: finite values whose sum overflows are neither applied nor returned, and "
+          "the norm bound leaves them out",
+          "[allreduce][hostile]") {
+    for (const auto codec : {compression::kind::none, compression::kind::blockwise_8bit})
+        for (const double bound : {0.0, 10.0}) {
+            INFO(compression::to_string(codec) << ", bound " << bound);
+            auto options = exact_options(codec);
+            options.max_norm_ratio = bound;
+            allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 4096,
+                                         options);
+            set_exact_values(g, {1, 4, 1, 2});
+            averaging::allreduce_hooks hooks;
+            hooks.rewrite_sent = [](std::size_t reducer, std::size_t part,
+                                    std::span<float> values) {
+                // Times its weight 4, the largest float overflows member 0's sums of part 0.
+                if (reducer == 0 && part == 0)
+                    std::fill(values.begin(), values.end(), std::numeric_limits<float>::max());
+            };
+            g.peers[1].service->set_hooks(hooks);
+            g.run(60s);
+            for (std::size_t i = 0; i < 4; ++i) {
+                INFO("peer " << i);
+                REQUIRE_FALSE(g.peers[i].outcome->first);
+                CHECK(all_finite(g.peers[i].values));
+                g.check_consistent(i, 0.0);
+            }
+            const auto& first = g.peers[0].outcome->second.parts.front();
+            if (bound > 0) {
+                CHECK(first.excluded == std::vector<exclusion>{{1, value_fault::norm_bound}});
+                CHECK(first.contributors == all_but(4, {1}));
+                for (std::size_t i = 0; i < 4; ++i)
+                    CHECK(g.peers[i].outcome->second.fraction_averaged() == 1.0);
+            } else {
+                // Member 0 applied and returned nothing for its part 0; the senders then had
+                // no more of its span, and its other parts held only its own values.
+                CHECK(first.refused == value_fault::non_finite);
+                CHECK_FALSE(first.averaged());
+                for (std::size_t i = 1; i < 4; ++i)
+                    for (const auto& part : g.peers[i].outcome->second.parts)
+                        CHECK(part.averaged() == (part.reducer != 0));
+            }
+        }
+}
+
+TEST_CASE("allreduce on TCP with a compute thread pool and the norm bound: a hostile client's "
+          "parts are left out at every reducer, an aux one too",
+          "[allreduce][hostile]") {
+    asio::thread_pool compute(2); // outlives the group: strands on it are in its services
+    auto options = allreduce_group<tcp_world>::small_parts();
+    options.max_norm_ratio = 10;
+    allreduce_group<tcp_world> g(
+        {member_role::node, member_role::client, member_role::node, member_role::aux}, 5003,
+        options, 9, compute.get_executor());
+    averaging::allreduce_hooks hooks;
+    hooks.rewrite_sent = [](std::size_t, std::size_t part, std::span<float> values) {
+        if (part % 2 == 0)
+            values[0] = std::numeric_limits<float>::quiet_NaN();
+        else
+            for (float& v : values)
+                v *= 1000;
+    };
+    g.peers[1].service->set_hooks(hooks);
+    g.run(60s);
+    std::vector<std::size_t> span_begin{0};
+    for (const std::size_t size : g.spans)
+        span_begin.push_back(span_begin.back() + size);
+    for (std::size_t i = 0; i < 4; ++i) {
+        INFO("peer " << i);
+        const auto& [ec, result] = *g.peers[i].outcome;
+        REQUIRE_FALSE(ec);
+        CHECK(result.fraction_averaged() == 1.0);
+        CHECK(result.excluded == std::vector<bool>{false, true, false, false});
+        for (const auto& part : result.parts) {
+            const std::size_t q = (part.begin - span_begin[part.reducer]) / 250;
+            const auto fault = q % 2 == 0 ? value_fault::non_finite : value_fault::norm_bound;
+            REQUIRE(part.contributors == std::vector<bool>{true, false, true, false});
+            REQUIRE(part.excluded == std::vector<exclusion>{{1, fault}});
+        }
+        if (i != 3) g.check_consistent(i);
+        CHECK(all_finite(g.peers[i].values));
+    }
+}
+
+TEST_CASE("allreduce: the norm bound compares each norm with the lower median of all, holds none "
+          "while that is 0, and is 0 or at least 1",
+          "[allreduce][hostile]") {
+    using averaging::detail::beyond_norm_bound;
+    using B = std::vector<bool>;
+    CHECK(beyond_norm_bound({}, 10).empty());
+    CHECK(beyond_norm_bound({1, 2, 1000}, 10) == B{false, false, true});
+    CHECK(beyond_norm_bound({1000, 2, 3, 1}, 10) == B{true, false, false, false});
+    CHECK(beyond_norm_bound({2, 3, 30}, 10) == B{false, false, false});
+    CHECK(beyond_norm_bound({2, 3, 30.5}, 10) == B{false, false, true});
+    CHECK(beyond_norm_bound({1, 1000}, 10) == B{false, true}); // two: against the smaller
+    CHECK(beyond_norm_bound({0, 5}, 10) == B{false, false});
+    CHECK(beyond_norm_bound({0, 0, 7, 1e30}, 10) == B{false, false, false, false});
+    CHECK(averaging::detail::l2_norm(std::vector<float>{3, 4}) == 5);
+    CHECK(std::isnan(averaging::detail::l2_norm(
+        std::vector<float>{1, std::numeric_limits<float>::quiet_NaN()})));
+
+    allreduce_group<sim_world> g(std::vector<member_role>(1, member_role::node), 10);
+    using service_type = allreduce_group<sim_world>::service_type;
+    for (const double bad : {0.5, -1.0, std::nan(""), double(INFINITY)}) {
+        averaging::allreduce_options options;
+        options.method = "other";
+        options.max_norm_ratio = bad;
+        CHECK_THROWS_AS(service_type(*g.members[0].rpc, options), std::invalid_argument);
+    }
+    averaging::allreduce_options options;
+    options.method = "other";
+    options.max_norm_ratio = 1;
+    CHECK_NOTHROW(service_type(*g.members[0].rpc, options));
+}
+
+TEST_CASE("allreduce wire: a result's exclusions round-trip, and malformed ones are refused",
+          "[allreduce]") {
+    const std::vector<bool> who{true, false, true, false, false};
+    const std::vector<exclusion> excluded{{1, value_fault::non_finite},
+                                          {3, value_fault::norm_bound}};
+    byte_buffer message;
+    averaging::encode_result_head(message, 7, who, excluded);
+    message.push_back(std::byte{9}); // the payload, not looked into here
+    averaging::part_message m;
+    REQUIRE_FALSE(decode_part(message, averaging::allreduce_message::result, 5, m));
+    CHECK(m.part == 7);
+    CHECK(m.contributors == who);
+    CHECK(m.excluded == excluded);
+    CHECK(m.payload.size() == 1);
+    message[0] = std::byte{1}; // results without exclusions
+    CHECK(decode_part(message, averaging::allreduce_message::result, 5, m) ==
+          errc::unsupported_version);
+    message[0] = std::byte{averaging::allreduce_wire_version};
+    message.resize(message.size() - 2); // into the last exclusion
+    CHECK(decode_part(message, averaging::allreduce_message::result, 5, m) ==
+          errc::truncated_input);
+
+    auto refused = [&who](std::vector<exclusion> list) {
+        byte_buffer bytes;
+        averaging::encode_result_head(bytes, 0, who, list);
+        averaging::part_message out;
+        return decode_part(bytes, averaging::allreduce_message::result, 5, out) ==
+               errc::protocol_violation;
+    };
+    CHECK(refused({{3, value_fault::norm_bound}, {1, value_fault::norm_bound}})); // unordered
+    CHECK(refused({{1, value_fault::norm_bound}, {1, value_fault::non_finite}})); // twice
+    CHECK(refused({{5, value_fault::norm_bound}}));                               // no member
+    CHECK(refused({{2, value_fault::norm_bound}}));                               // contributed
+    CHECK(refused({{1, static_cast<value_fault>(3)}}));                           // no fault
+    CHECK(refused({{1, static_cast<value_fault>(0)}}));
 }
 
 } // namespace hivemesh::test

@@ -86,8 +86,8 @@ TEST_CASE("compress_into appends after a prefix of any length, aligned or not", 
         }
 }
 
-TEST_CASE("decompress_add and decompress_finite_into: exact, from odd addresses, and all or "
-          "nothing",
+TEST_CASE("decompress_add, decompress_finite_into and decompress_norm: exact, from odd "
+          "addresses, and all or nothing",
           "[compression]") {
     std::vector<float> values(5003); // float16 decodes 2048 at a time: three chunks
     for (std::size_t i = 0; i < values.size(); ++i)
@@ -109,6 +109,16 @@ TEST_CASE("decompress_add and decompress_finite_into: exact, from odd addresses,
             REQUIRE_FALSE(decompress_add(buffer, sum, 0.5f, scratch));
             for (std::size_t i = 0; i < sum.size(); ++i)
                 REQUIRE(sum[i] == 1.0f + 0.5f * decoded[i]);
+
+            double squares = 0;
+            for (const float v : decoded)
+                squares += static_cast<double>(v) * static_cast<double>(v);
+            double norm = -1;
+            REQUIRE_FALSE(decompress_norm(buffer, values.size(), norm, scratch));
+            CHECK(norm == std::sqrt(squares));
+            CHECK(decompress_norm(buffer, values.size() - 1, norm, scratch) == errc::size_mismatch);
+            CHECK(decompress_norm(buffer.first(buffer.size() - 1), values.size(), norm, scratch));
+            CHECK(norm == std::sqrt(squares));
 
             // Wrong size and a cut buffer leave the destination alone.
             std::vector<float> shorter(values.size() - 1, 2.0f);
@@ -136,6 +146,9 @@ TEST_CASE("decompress_add and decompress_finite_into: exact, from odd addresses,
             CHECK(decompress_add(buffer, sum, 1.0f, scratch) == errc::non_finite_input);
             CHECK(decompress_finite_into(buffer, sum, scratch) == errc::non_finite_input);
             CHECK(std::all_of(sum.begin(), sum.end(), [](float v) { return v == 1.0f; }));
+            double norm = 7;
+            CHECK(decompress_norm(buffer, values.size(), norm, scratch) == errc::non_finite_input);
+            CHECK(norm == 7);
         }
     // A peer may send float16 infinities itself (0x7C00, 0xFC00): refused as well.
     for (const std::uint16_t infinity : {std::uint16_t{0x7C00}, std::uint16_t{0xFC00}}) {
@@ -145,6 +158,8 @@ TEST_CASE("decompress_add and decompress_finite_into: exact, from odd addresses,
         CHECK(decompress_add(buffer, sum, 1.0f, scratch) == errc::non_finite_input);
         CHECK(decompress_finite_into(buffer, sum, scratch) == errc::non_finite_input);
         CHECK(std::all_of(sum.begin(), sum.end(), [](float v) { return v == 1.0f; }));
+        double norm = 7;
+        CHECK(decompress_norm(buffer, values.size(), norm, scratch) == errc::non_finite_input);
     }
 }
 

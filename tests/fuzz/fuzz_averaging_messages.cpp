@@ -1,6 +1,6 @@
 // libFuzzer target: the averaging decoders (matchmaking request, response, group, disband;
-// all-reduce begin, part and result heads) on arbitrary input. Every input decodes or is
-// refused; whatever decodes re-encodes to exactly the input bytes.
+// all-reduce begin, part and result heads with their exclusions) on arbitrary input. Every
+// input decodes or is refused; whatever decodes re-encodes to exactly the input bytes.
 #include <hivemesh/averaging/allreduce_wire.hpp>
 #include <hivemesh/averaging/matchmaking_wire.hpp>
 
@@ -36,7 +36,7 @@ void check_part(byte_view input, averaging::allreduce_message type, std::size_t 
     if (type == averaging::allreduce_message::part)
         averaging::encode_part_head(again, m.part);
     else
-        averaging::encode_result_head(again, m.part, m.contributors);
+        averaging::encode_result_head(again, m.part, m.contributors, m.excluded);
     again.insert(again.end(), m.payload.begin(), m.payload.end());
     require_same(again, input);
 }

@@ -1,8 +1,8 @@
 // libFuzzer target: compression::decompress on arbitrary bytes. Any input must either
 // decode or be refused with an error code; sanitizers catch everything else. The
-// reducer's decoders must agree with it: decompress_add and decompress_finite_into take
-// exactly the buffers that decode to finite values, give the same values, and leave their
-// destination alone otherwise.
+// reducer's decoders must agree with it: decompress_add, decompress_finite_into and
+// decompress_norm take exactly the buffers that decode to finite values, give the same
+// values (and their norm), and leave their destination alone otherwise.
 #include <hivemesh/compression.hpp>
 
 #include <algorithm>
@@ -29,7 +29,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto added = decompress_add(input, sum, 0.5f, scratch, lim);
     std::vector<float> out(h.count, 3.0f);
     const auto decoded = decompress_finite_into(input, out, scratch, lim);
-    if (static_cast<bool>(added) == accept || static_cast<bool>(decoded) == accept) std::abort();
+    double norm = -1;
+    const auto screened = decompress_norm(input, h.count, norm, scratch, lim);
+    if (static_cast<bool>(added) == accept || static_cast<bool>(decoded) == accept ||
+        static_cast<bool>(screened) == accept)
+        std::abort();
+    double squares = 0;
+    for (const float v : values)
+        squares += static_cast<double>(v) * static_cast<double>(v);
+    if (norm != (accept ? std::sqrt(squares) : -1.0)) std::abort();
     for (std::size_t i = 0; i < h.count; ++i) {
         if (sum[i] != (accept ? 2.0f + 0.5f * values[i] : 2.0f)) std::abort();
         if (out[i] != (accept ? values[i] : 3.0f)) std::abort();

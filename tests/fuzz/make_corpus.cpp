@@ -300,6 +300,11 @@ void write_averaging_corpus(const std::filesystem::path& dir) {
     hivemesh::byte_buffer result;
     encode_result_head(result, 1, {true, false, true, true, false});
     write_file(dir / "result", result);
+    hivemesh::byte_buffer excluding;
+    encode_result_head(excluding, 2, {true, false, true, false, false},
+                       {{1, value_fault::non_finite}, {3, value_fault::norm_bound}});
+    hivemesh::compression::compress_into(hivemesh::compression::kind::none, values, excluding);
+    write_file(dir / "result_excluding", excluding);
 }
 
 // Progress records at their limits, and a tombstone (empty).

@@ -17,6 +17,16 @@
 // So every element ends either averaged over the contributors its part_outcome names, or at
 // the peer's own value.
 //
+// Hostile values (each reported in the part outcomes, never an error of the round):
+// - a sender's part holding a NaN or infinity, or (with allreduce_options::max_norm_ratio)
+//   whose norm is far above the others', is left out of that part's mean, its weight too;
+//   every result of the part names it (part_outcome::excluded);
+// - a reducer's average holding a NaN or infinity, or (with the bound) whose norm is far
+//   above the sender's own part's, is not applied: the sender keeps its own values for that
+//   part (part_outcome::refused) and, after a non-finite one, for the rest of that span;
+// - a reducer whose sums overflow applies and returns nothing for that part.
+// So nothing non-finite ever reaches a tensor.
+//
 // Threads: the round's bookkeeping runs on the RPC node's executor; compression,
 // decompression and reduction run on the `compute` executor when one is given (a reducer's
 // additions through a strand), so io threads stay free. Without one, everything runs on the
@@ -45,10 +55,12 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -76,6 +88,19 @@ struct allreduce_options {
     duration join_wait = 5s;
     /// Largest group accepted.
     std::size_t max_group_size = 1024;
+    /// The norm bound, 0 (the default) for none, else at least 1. A reducer leaves out of part
+    /// p's mean every contribution whose L2 norm exceeds max_norm_ratio times the median m of
+    /// the norms of part p's contributions (its own values count as one; the lower median of
+    /// an even count; no bound while m is 0, as in a part most members leave at zero). The
+    /// median, unlike the mean or the largest norm, stays an honest member's norm while
+    /// honest members are the majority, whatever one member sends. Only large norms are left
+    /// out: a small one moves the mean no more than an honest member's weight may.
+    /// A sender refuses an average whose norm exceeds max_norm_ratio^2 times its own part's
+    /// (unless that is 0): an honest average is a weighted mean of contributions of norm at
+    /// most max_norm_ratio·m, and m is at most max_norm_ratio times the sender's own norm
+    /// unless that is itself far below the group's, when keeping its own values costs little.
+    /// Every member of a group should use the same bound.
+    double max_norm_ratio = 0;
 };
 
 /// Fault injection for tests: called at the named points of a round.
@@ -84,6 +109,14 @@ struct allreduce_hooks {
     std::function<duration(std::size_t reducer, std::size_t part)> before_send;
     /// Before a reducer averages part `part` of its span; returns a delay (0: none).
     std::function<duration(std::size_t part)> before_reduce;
+    /// Makes this peer hostile: rewrites what it sends just before it is compressed, past its
+    /// own checks. `values` is a copy of its values for part `part` of member `reducer`'s
+    /// span or, when `reducer` is this peer, of the averages of part `part` of its own span
+    /// returned to every sender (its own values keep the true ones). A codec that cannot
+    /// encode a NaN or infinity refuses it as it would our own. Called where the part is
+    /// compressed: on the compute executor when there is one.
+    std::function<void(std::size_t reducer, std::size_t part, std::span<float> values)>
+        rewrite_sent;
 };
 
 /// What happened to one part of the vector at this peer.
@@ -93,6 +126,14 @@ struct part_outcome {
     std::size_t reducer = 0; ///< member index that owns the span
     /// Members whose values are in the mean now held; empty when the part stayed local.
     std::vector<bool> contributors;
+    /// Members whose values for this part reached the reducer but were left out of the mean,
+    /// and why, in member order (as the reducer reported them with the average; also filled
+    /// when the part was not averaged at the reducer itself).
+    std::vector<exclusion> excluded;
+    /// Set when this peer refused the part's average (a NaN or infinity, or a norm beyond
+    /// allreduce_options::max_norm_ratio) or, at the reducer, found its own average
+    /// non-finite (an overflow): the part kept this peer's own values.
+    std::optional<value_fault> refused;
 
     bool averaged() const noexcept { return !contributors.empty(); }
 };
@@ -103,6 +144,11 @@ struct allreduce_result {
     std::vector<part_outcome> parts;
     /// Members whose values are in at least one averaged part.
     std::vector<bool> participants;
+    /// Members left out of at least one part's mean for the values they sent (the parts'
+    /// `excluded`).
+    std::vector<bool> excluded;
+    /// Parts whose average was refused here (part_outcome::refused): they kept our values.
+    std::size_t parts_refused = 0;
     std::size_t elements_averaged = 0;
     std::size_t elements_total = 0;
     std::uint64_t bytes_sent = 0;      ///< message bytes, as sender and as reducer
@@ -141,6 +187,30 @@ inline std::size_t part_elements_for(std::size_t part_bytes, compression::kind c
 
 inline std::size_t part_count(std::size_t elements, std::size_t part_elements) noexcept {
     return (elements + part_elements - 1) / part_elements;
+}
+
+/// The L2 norm of `values`, summed in double precision: NaN or infinity exactly when a value
+/// is one.
+inline double l2_norm(std::span<const float> values) noexcept {
+    double squares = 0;
+    for (const float v : values)
+        squares += static_cast<double>(v) * static_cast<double>(v);
+    return std::sqrt(squares);
+}
+
+/// Which of `norms` exceed `ratio` times their median (the lower one of an even count):
+/// allreduce_options::max_norm_ratio. None while the median is 0.
+inline std::vector<bool> beyond_norm_bound(const std::vector<double>& norms, double ratio) {
+    std::vector<bool> out(norms.size(), false);
+    if (norms.empty()) return out;
+    std::vector<double> sorted = norms;
+    const auto middle = sorted.begin() + static_cast<std::ptrdiff_t>((sorted.size() - 1) / 2);
+    std::nth_element(sorted.begin(), middle, sorted.end());
+    const double median = *middle;
+    if (!(median > 0)) return out;
+    for (std::size_t i = 0; i < norms.size(); ++i)
+        out[i] = norms[i] > ratio * median;
+    return out;
 }
 
 /// glibc maps every allocation above this (its largest dynamic mmap threshold) afresh, so a
@@ -209,12 +279,16 @@ public:
 
     /// Serves `options.method` on `rpc`, which must outlive this service. `compute` runs
     /// compression and reduction (e.g. an asio::thread_pool's executor); without one they
-    /// run on the node's executor.
+    /// run on the node's executor. Throws std::invalid_argument for a part_size_bytes below 4
+    /// or a max_norm_ratio other than 0 or a finite number of at least 1.
     explicit allreduce_service(rpc_node_type& rpc, allreduce_options options = {},
                                std::optional<asio::any_io_executor> compute = std::nullopt)
         : state_(std::make_shared<service_state>(rpc, std::move(options), std::move(compute))) {
         if (state_->options.part_size_bytes < sizeof(float))
             throw std::invalid_argument("allreduce_options::part_size_bytes: at least 4");
+        const double ratio = state_->options.max_norm_ratio;
+        if (!(ratio == 0 || (ratio >= 1 && std::isfinite(ratio))))
+            throw std::invalid_argument("allreduce_options::max_norm_ratio: 0 (off) or at least 1");
         rpc.add_stream_handler(state_->options.method,
                                [weak = std::weak_ptr<service_state>(state_)](
                                    const net::call_context& context, net::call_stream& stream) {
@@ -242,7 +316,7 @@ public:
     /// read: that part is never sent and the round ends at once, the result telling what was
     /// averaged before), cancelled (the token's cancellation slot was emitted, on the node's
     /// executor; the result still tells what was averaged before).
-    /// Timeouts and failed peers are not errors: see allreduce_result::parts.
+    /// Timeouts, failed peers and hostile values are not errors: see allreduce_result::parts.
     template <ASIO_COMPLETION_TOKEN_FOR(completion_signature) Token = default_token_t>
     auto async_allreduce(group_type group, std::size_t me, std::vector<std::size_t> spans,
                          std::span<float> local, double weight, duration timeout,

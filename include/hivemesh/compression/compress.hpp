@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -164,6 +165,14 @@ HIVEMESH_DECL std::error_code decompress_finite_into(byte_view buffer, std::span
 /// decompress_finite_into; on error `sum` is unchanged.
 HIVEMESH_DECL std::error_code decompress_add(byte_view buffer, std::span<float> sum, float scale,
                                              std::vector<float>& scratch, const limits& lim = {});
+
+/// Validates `buffer` as decompress_finite_into does (it must hold `count` elements, all
+/// finite) and sets `norm` to the L2 norm of its values, summed in double precision, without
+/// writing them anywhere (a screen for values from an untrusted peer). Errors and `scratch`
+/// as decompress_finite_into (blockwise_8bit decodes into `scratch` too); on error `norm`
+/// is unchanged.
+HIVEMESH_DECL std::error_code decompress_norm(byte_view buffer, std::size_t count, double& norm,
+                                              std::vector<float>& scratch, const limits& lim = {});
 
 /// Non-throwing decompress(): returns an empty vector and sets `ec` on error.
 HIVEMESH_DECL std::vector<float> decompress(byte_view buffer, std::error_code& ec,

@@ -149,6 +149,11 @@ struct round_report {
     std::error_code error; ///< why it failed (failed), or the round's error (partial)
     std::size_t group_size = 0;
     double fraction_averaged = 0;
+    /// Members left out of parts of the round for the values they sent, and parts whose
+    /// average this peer refused, keeping its own values (see averaging::allreduce_result::
+    /// excluded and parts_refused; allreduce_options::max_norm_ratio).
+    std::size_t members_excluded = 0;
+    std::size_t parts_refused = 0;
 };
 
 /// What one step() did.
@@ -185,10 +190,12 @@ struct optimizer_statistics {
     std::uint64_t rounds_alone = 0;
     std::uint64_t state_loads = 0;
     std::uint64_t state_load_failures = 0;
-    duration accumulating{};      ///< adding gradients (gradient mode)
-    duration waiting_for_group{}; ///< from the end of an epoch until its all-reduce started
-    duration averaging{};         ///< all-reduces, compression included
-    duration optimizer_step{};    ///< local optimizer steps
+    std::uint64_t members_excluded = 0; ///< round_report::members_excluded, summed
+    std::uint64_t parts_refused = 0;    ///< round_report::parts_refused, summed
+    duration accumulating{};            ///< adding gradients (gradient mode)
+    duration waiting_for_group{};       ///< from the end of an epoch until its all-reduce started
+    duration averaging{};               ///< all-reduces, compression included
+    duration optimizer_step{};          ///< local optimizer steps
     duration state_download{};
     std::uint64_t bytes_sent = 0; ///< all-reduce message bytes
     std::uint64_t bytes_received = 0;

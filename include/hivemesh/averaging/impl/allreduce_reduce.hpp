@@ -7,12 +7,12 @@
 namespace hivemesh::averaging {
 
 template <net::transport Transport>
-std::span<float> allreduce_service<Transport>::round::part_sums(std::size_t p) {
+std::span<float> allreduce_service<Transport>::round::part_sums(std::size_t p, bool with_own) {
     const auto range = part_range(me, p);
     const auto sum = sums.span().subspan(range.begin - spans[me].begin, range.size);
     if (!part_started[p]) {
         part_started[p] = true;
-        if (sends_values(role())) {
+        if (with_own && sends_values(role())) {
             const auto w = static_cast<float>(weight);
             const auto mine = local.subspan(range.begin, range.size);
             constexpr std::size_t chunk = 2048; // checked, then read again from L1
@@ -30,6 +30,56 @@ std::span<float> allreduce_service<Transport>::round::part_sums(std::size_t p) {
         }
     }
     return sum;
+}
+
+template <net::transport Transport>
+std::span<float>
+allreduce_service<Transport>::round::bounded_sums(std::size_t p,
+                                                  const std::vector<std::size_t>& staged) {
+    const bool mine = sends_values(role());
+    std::vector<double> norms;
+    if (mine) {
+        const auto range = part_range(me, p);
+        const double own = detail::l2_norm(local.subspan(range.begin, range.size));
+        if (!std::isfinite(own)) {
+            local_non_finite.store(true, std::memory_order_relaxed);
+            return {};
+        }
+        norms.push_back(own);
+    }
+    for (const std::size_t j : staged)
+        norms.push_back(senders[j].staged_norm);
+    const auto beyond = detail::beyond_norm_bound(norms, st->options.max_norm_ratio);
+    std::size_t next = 0;
+    const bool own_in = mine && !beyond[next++];
+    if (mine && !own_in) {
+        exclude(p, me, value_fault::norm_bound);
+        part_weight[p] = 0;
+        part_contributors[p][me] = false;
+    }
+    const std::span<float> sum = part_sums(p, own_in);
+    for (const std::size_t j : staged) {
+        if (beyond[next++]) {
+            exclude(p, j, value_fault::norm_bound);
+            continue;
+        }
+        auto& s = senders[j];
+        // Screened when it arrived, so this cannot fail; if it did, `sum` is unchanged.
+        if (compression::decompress_add(s.staged_payload, sum, static_cast<float>(s.weight),
+                                        reduce_scratch))
+            continue;
+        part_weight[p] += s.weight;
+        part_contributors[p][j] = true;
+    }
+    return sum;
+}
+
+template <net::transport Transport>
+void allreduce_service<Transport>::round::exclude(std::size_t p, std::size_t j, value_fault why) {
+    auto& list = part_excluded[p];
+    const auto at =
+        std::find_if(list.begin(), list.end(), [j](const exclusion& e) { return e.member > j; });
+    list.insert(at, exclusion{j, why});
 }
 
 template <net::transport Transport>
@@ -72,30 +122,60 @@ asio::awaitable<void> allreduce_service<Transport>::round::finish_part(std::size
     auto buffer = detail::take_if_unshared(spare_result);
     byte_buffer& message = *buffer;
     std::error_code ec;
-    if (part_weight[p] > 0) {
-        encode_result_head(message, static_cast<std::uint32_t>(p), part_contributors[p]);
+    std::optional<value_fault> refused;
+    // With the norm bound, the parts judged now: every sender's part p is staged or missing.
+    std::vector<std::size_t> staged;
+    for (std::size_t j = 0; j < senders.size(); ++j)
+        if (senders[j].has_staged && senders[j].staged_part == p) staged.push_back(j);
+    const bool any = bounded() ? sends_values(role()) || !staged.empty() : part_weight[p] > 0;
+    if (any) {
         auto average = [&] {
-            const std::span<float> sum = part_sums(p);
-            if (local_non_finite.load(std::memory_order_relaxed)) return;
+            const std::span<float> sum = bounded() ? bounded_sums(p, staged) : part_sums(p);
+            if (local_non_finite.load(std::memory_order_relaxed) || !(part_weight[p] > 0)) return;
             const auto scale = static_cast<float>(1.0 / part_weight[p]);
             for (float& v : sum)
                 v *= scale;
+            // Finite values may still overflow the sums: that part is neither applied nor sent.
+            if (!compression::all_finite(sum)) {
+                refused = value_fault::non_finite;
+                return;
+            }
+            const auto& o = st->options;
+            encode_result_head(message, static_cast<std::uint32_t>(p), part_contributors[p],
+                               part_excluded[p]);
             const std::size_t head = message.size();
-            ec = compression::compress_into(st->options.codec, sum, message,
-                                            st->options.codec_options);
-            if (ec || !sends_values(role())) return;
-            const auto mine = local.subspan(range.begin, range.size);
-            if (st->options.codec == compression::kind::none)
-                std::copy(sum.begin(), sum.end(), mine.begin());
-            else // hold exactly what the others decode
-                ec = compression::decompress_into(byte_view(message).subspan(head), mine);
+            ec = compression::compress_into(o.codec, sum, message, o.codec_options);
+            if (ec) return;
+            if (sends_values(role())) {
+                const auto mine = local.subspan(range.begin, range.size);
+                if (o.codec == compression::kind::none)
+                    std::copy(sum.begin(), sum.end(), mine.begin());
+                else // hold exactly what the others decode
+                    ec = compression::decompress_into(byte_view(message).subspan(head), mine);
+            }
+            if (!ec && hooks().rewrite_sent) {
+                std::vector<float> hostile(sum.begin(), sum.end());
+                hooks().rewrite_sent(me, p, hostile);
+                message.resize(head);
+                ec = compression::compress_into(o.codec, hostile, message, o.codec_options);
+            }
         };
         co_await offload(st->reduce, average);
         if (refuse_local_values()) co_return;
     }
+    for (const std::size_t j : staged) {
+        auto& s = senders[j];
+        s.has_staged = false;
+        s.last_progress = now();
+        s.staged_taken->notify();
+    }
     if (ec) log::warning("allreduce", "part ", p, " not averaged: ", ec.message());
-    if (part_weight[p] > 0 && !ec) {
-        outcomes[me][p].contributors = part_contributors[p];
+    if (refused) log::warning("allreduce", "part ", p, " not averaged: its mean overflowed");
+    auto& outcome = outcomes[me][p];
+    outcome.excluded = part_excluded[p];
+    outcome.refused = refused;
+    if (part_weight[p] > 0 && !ec && !refused) {
+        outcome.contributors = part_contributors[p];
         results[p] = std::move(buffer);
     }
     ++ready;
@@ -121,6 +201,7 @@ void allreduce_service<Transport>::round::fail_sender(std::size_t j, errc why) {
     if (s.stream) s.stream->cancel(why);
     progress.notify();
     s.results_ready->notify();
+    s.staged_taken->notify();
 }
 
 template <net::transport Transport>
@@ -153,9 +234,14 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_parts(std::share
     auto& r = *self;
     auto& s = r.senders[j];
     const std::size_t parts = r.parts_of(r.me);
+    const bool bounded = r.bounded();
     std::vector<float> values;
     byte_buffer message; // its storage goes back to the stream for a later part
     while (s.next_part < parts && !s.failed && !r.aborted) {
+        // With the norm bound, a part waits (staged) until the part's mean is taken.
+        while (s.has_staged && !s.failed && !r.aborted)
+            co_await s.staged_taken->wait();
+        if (s.failed || r.aborted) break;
         const auto ec = co_await stream.read(message);
         if (ec) {
             r.fail_sender(j, errc::protocol_violation);
@@ -173,22 +259,42 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_parts(std::share
         const std::size_t p = s.next_part;
         const auto range = r.part_range(r.me, p);
         std::error_code refused;
-        auto add = [&] {
-            const std::span<float> sum = r.part_sums(p);
-            if (r.local_non_finite.load(std::memory_order_relaxed)) return;
-            refused = compression::decompress_add(part.payload, sum, static_cast<float>(s.weight),
-                                                  values);
-        };
-        s.busy = true;
-        co_await offload(r.st->reduce, add);
-        s.busy = false;
-        if (r.refuse_local_values()) break;
-        if (refused) {
+        double norm = 0;
+        if (bounded) { // screened now, added once every contribution's norm is known
+            auto screen = [&] {
+                refused = compression::decompress_norm(part.payload, range.size, norm, values);
+            };
+            s.busy = true;
+            co_await offload(r.st->compute, screen);
+            s.busy = false;
+        } else {
+            auto add = [&] {
+                const std::span<float> sum = r.part_sums(p);
+                if (r.local_non_finite.load(std::memory_order_relaxed)) return;
+                refused = compression::decompress_add(part.payload, sum,
+                                                      static_cast<float>(s.weight), values);
+            };
+            s.busy = true;
+            co_await offload(r.st->reduce, add);
+            s.busy = false;
+            if (r.refuse_local_values()) break;
+        }
+        if (refused && refused != errc::non_finite_input) {
             r.fail_sender(j, errc::protocol_violation);
             break;
         }
-        r.part_weight[p] += s.weight;
-        r.part_contributors[p][j] = true;
+        if (refused) { // the sums are unchanged: left out of this part only
+            r.exclude(p, j, value_fault::non_finite);
+        } else if (bounded) {
+            std::swap(s.staged, message); // the payload still views it
+            s.staged_payload = part.payload;
+            s.staged_part = p;
+            s.staged_norm = norm;
+            s.has_staged = true;
+        } else {
+            r.part_weight[p] += s.weight;
+            r.part_contributors[p][j] = true;
+        }
         r.result.values_received += range.size;
         ++s.next_part;
         s.last_progress = r.now();

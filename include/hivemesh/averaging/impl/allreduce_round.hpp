@@ -21,6 +21,14 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
         time_point last_progress{};
         net::call_stream* stream = nullptr;
         std::unique_ptr<wakeup> results_ready;
+        /// With the norm bound: the part taken but not judged yet (one at a time), its
+        /// message, payload and norm; staged_taken wakes the reader once it was judged.
+        bool has_staged = false;
+        std::size_t staged_part = 0;
+        double staged_norm = 0;
+        byte_buffer staged;
+        byte_view staged_payload;
+        std::unique_ptr<wakeup> staged_taken;
     };
     /// A member we send to.
     struct reducer_slot {
@@ -70,6 +78,8 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
     std::atomic<bool> local_non_finite{false}; ///< set by part_sums, on the reducing strand
     std::vector<double> part_weight;
     std::vector<std::vector<bool>> part_contributors;
+    std::vector<std::vector<exclusion>> part_excluded; ///< in member order
+    std::vector<float> reduce_scratch;                 ///< on the reducing strand
     /// Encoded result messages, one buffer written to every sender, until all written.
     std::vector<std::shared_ptr<byte_buffer>> results;
     std::shared_ptr<byte_buffer> spare_result; ///< the last freed one, to encode into
@@ -104,6 +114,7 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
     }
     time_point now() const { return st->now(); }
     const allreduce_hooks& hooks() const { return st->hooks; }
+    bool bounded() const { return st->options.max_norm_ratio > 0; }
 
     /// Calls `cancel` on abort() while the returned guard lives.
     class abort_guard {
@@ -139,8 +150,10 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
         for (auto& [id, action] : actions)
             action();
         progress.notify();
-        for (auto& s : senders)
+        for (auto& s : senders) {
             if (s.results_ready) s.results_ready->notify();
+            if (s.staged_taken) s.staged_taken->notify();
+        }
     }
     std::error_code abort_reason;
 
@@ -179,10 +192,17 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
 
     // ---- reducing our span (impl/allreduce_reduce.hpp) ----------------------------------
     /// Part p's sums, started on first use (on the reducing executor): written once
-    /// with our weighted values, just before the part is added to while still in cache.
-    /// Our values are checked as they are read: a non-finite one sets local_non_finite
-    /// (the sums are then unusable; refuse_local_values ends the round).
-    std::span<float> part_sums(std::size_t p);
+    /// with our weighted values (zeros without `with_own`), just before the part is added
+    /// to while still in cache. Our values are checked as they are read: a non-finite one
+    /// sets local_non_finite (the sums are then unusable; refuse_local_values ends the round).
+    std::span<float> part_sums(std::size_t p, bool with_own = true);
+    /// With the norm bound, on the reducing executor: judges part p's contributions, ours and
+    /// the parts `staged` (sender indices, ascending) hold, leaves out those beyond the bound
+    /// and adds the rest into the sums in member order; returns the sums (empty if our own
+    /// values were non-finite).
+    std::span<float> bounded_sums(std::size_t p, const std::vector<std::size_t>& staged);
+    /// Records that member j's values for part p were left out, keeping member order.
+    void exclude(std::size_t p, std::size_t j, value_fault why);
     /// Ends the round with invalid_argument if our own values held a NaN or infinity;
     /// true if so. Called on the node's executor after work that started sums.
     bool refuse_local_values();
@@ -207,8 +227,9 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
                                             net::call_stream& stream);
     static asio::awaitable<void> take_results(std::shared_ptr<round> self, std::size_t k,
                                               net::call_stream& stream);
-    /// A result's contributors: us among them, and only members with values.
-    bool valid_contributors(const std::vector<bool>& who) const;
+    /// A result's contributors and exclusions: only members with values, and us in exactly
+    /// one of them.
+    bool valid_result(const part_message& m) const;
 };
 
 template <net::transport Transport>
@@ -226,7 +247,9 @@ std::error_code allreduce_service<Transport>::round::check_arguments() const {
         total += span_sizes[k];
     }
     if (sends_values(role())) {
-        if (!std::isfinite(weight) || weight <= 0) return errc::invalid_argument;
+        // As a float too: the sums are weighted in single precision.
+        if (!std::isfinite(weight) || weight <= 0 || weight > std::numeric_limits<float>::max())
+            return errc::invalid_argument;
         const std::size_t have = tensors.empty() ? local.size() : tensor::total_size(tensors);
         if (have != total) return errc::invalid_argument;
     }
@@ -244,7 +267,8 @@ allreduce_service<Transport>::round::check_begin(const begin_message& b,
     if (group.members[b.sender].peer.id != remote) return errc::refused;
     if (!sends_values(group.members[b.sender].role)) return errc::protocol_violation;
     if (b.span_begin != spans[me].begin || b.span_size != spans[me].size ||
-        b.part_elements != part_elements || !std::isfinite(b.weight) || b.weight <= 0)
+        b.part_elements != part_elements || !std::isfinite(b.weight) || b.weight <= 0 ||
+        b.weight > std::numeric_limits<float>::max())
         return errc::protocol_violation;
     return {};
 }
@@ -302,7 +326,11 @@ allreduce_service<Transport>::round::run(std::shared_ptr<round> self) {
     if (r.aborted &&
         (r.abort_reason == errc::cancelled || r.abort_reason == errc::invalid_argument))
         ec = r.abort_reason;
-    co_return std::pair{ec, r.summarise()};
+    allreduce_result out = r.summarise();
+    for (std::size_t j = 0; j < out.excluded.size(); ++j)
+        if (out.excluded[j])
+            log::warning("allreduce", "member ", j, " was left out of parts for its values");
+    co_return std::pair{ec, std::move(out)};
 }
 
 template <net::transport Transport>
@@ -331,13 +359,14 @@ void allreduce_service<Transport>::round::layout() {
         s.expected = reducing() && k != me && sends_values(group.members[k].role);
         s.last_progress = start;
         s.results_ready = std::make_unique<wakeup>(io);
+        s.staged_taken = std::make_unique<wakeup>(io);
         auto& slot = reducers[k];
         slot.active = sends_values(role()) && k != me && spans[k].size > 0;
         slot.last_progress = start;
         if (!sends_values(role()) && k != me) continue; // aux: only its own span
         for (std::size_t p = 0; p < parts_of(k); ++p) {
             const auto range = part_range(k, p);
-            outcomes[k].push_back(part_outcome{range.begin, range.size, k, {}});
+            outcomes[k].push_back(part_outcome{range.begin, range.size, k, {}, {}, std::nullopt});
         }
     }
     if (reducing()) {
@@ -350,6 +379,7 @@ void allreduce_service<Transport>::round::layout() {
         part_contributors.assign(parts, std::vector<bool>(n, false));
         for (auto& who : part_contributors)
             who[me] = mine;
+        part_excluded.assign(parts, {});
         results.resize(parts);
     }
 }
@@ -358,12 +388,16 @@ template <net::transport Transport>
 allreduce_result allreduce_service<Transport>::round::summarise() {
     allreduce_result out = std::move(result);
     out.participants.assign(group.members.size(), false);
+    out.excluded.assign(group.members.size(), false);
     for (auto& parts : outcomes)
         for (auto& part : parts) {
             out.elements_total += part.size;
             if (part.averaged()) out.elements_averaged += part.size;
             for (std::size_t j = 0; j < part.contributors.size(); ++j)
                 if (part.contributors[j]) out.participants[j] = true;
+            for (const auto& e : part.excluded)
+                out.excluded[e.member] = true;
+            if (part.refused) ++out.parts_refused;
             out.parts.push_back(std::move(part));
         }
     // Spans follow member order, so this is already vector order; aux peers have one.
@@ -384,7 +418,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::watch(std::shared_ptr
         for (std::size_t j = 0; j < r.senders.size(); ++j) {
             auto& s = r.senders[j];
             if (!s.expected || s.failed || s.next_part >= r.parts_of(r.me)) continue;
-            if (s.busy) {
+            if (s.busy || s.has_staged) { // working, or waiting for the others' parts
                 consider(t + o.sender_timeout);
             } else if (t >= s.last_progress + o.sender_timeout) {
                 r.fail_sender(j, errc::timeout);

@@ -62,15 +62,21 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
     std::shared_ptr<byte_buffer> spare;
     std::size_t next_part = 0;
     std::error_code packed;
+    std::vector<float> hostile; // what the rewrite_sent hook makes of our values
     auto pack = [&] {
         const auto range = r.part_range(k, next_part);
-        const auto values = r.local.subspan(range.begin, range.size);
+        std::span<const float> values = r.local.subspan(range.begin, range.size);
         const auto codec = r.st->options.codec;
         // Our values are checked here, part by part (the statistical codecs refuse
         // non-finite input themselves); the check also brings the part into cache.
         if (!compression::refuses_non_finite(codec) && !compression::all_finite(values)) {
             packed = errc::non_finite_input;
             return;
+        }
+        if (r.hooks().rewrite_sent) {
+            hostile.assign(values.begin(), values.end());
+            r.hooks().rewrite_sent(k, next_part, hostile);
+            values = hostile;
         }
         encode_part_head(*next, static_cast<std::uint32_t>(next_part));
         packed = compression::compress_into(codec, values, *next, r.st->options.codec_options);
@@ -112,6 +118,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_results(std::sha
     auto& r = *self;
     auto& slot = r.reducers[k];
     const std::size_t parts = r.parts_of(k);
+    const double ratio = r.st->options.max_norm_ratio;
     std::vector<float> values;
     std::size_t p = 0;
     std::error_code why;
@@ -126,28 +133,45 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_results(std::sha
         r.result.bytes_received += message.size();
         part_message part;
         if (decode_part(message, allreduce_message::result, r.group.size(), part) ||
-            part.part != p || !r.valid_contributors(part.contributors)) {
+            part.part != p || !r.valid_result(part)) {
             why = errc::protocol_violation;
             stream.cancel(errc::protocol_violation);
             break;
         }
         const auto range = r.part_range(k, p);
+        const auto mine = r.local.subspan(range.begin, range.size);
         std::error_code refused;
+        bool beyond = false;
         auto apply = [&] {
-            refused = compression::decompress_finite_into(
-                part.payload, r.local.subspan(range.begin, range.size), values);
+            if (ratio > 0) { // our own part is still our values here
+                double norm = 0;
+                refused = compression::decompress_norm(part.payload, range.size, norm, values);
+                const double own = detail::l2_norm(mine);
+                beyond = !refused && own > 0 && norm > ratio * ratio * own;
+                if (refused || beyond) return;
+            }
+            refused = compression::decompress_finite_into(part.payload, mine, values);
         };
         slot.busy = true;
         co_await offload(r.st->compute, apply);
         slot.busy = false;
-        if (refused) {
+        auto& outcome = r.outcomes[k][p];
+        if (refused) { // a reducer that sends such values is not heard any more
+            if (refused == errc::non_finite_input) outcome.refused = value_fault::non_finite;
             why = refused;
             stream.cancel(errc::protocol_violation);
             break;
         }
-        r.outcomes[k][p].contributors = std::move(part.contributors);
+        outcome.excluded = std::move(part.excluded);
         r.result.values_received += range.size;
         slot.last_progress = r.now();
+        if (beyond) { // kept our own values for this part; later ones may be fine
+            outcome.refused = value_fault::norm_bound;
+            log::warning("allreduce", "member ", k, "'s average of part ", p,
+                         " is beyond the norm bound: kept our values");
+            continue;
+        }
+        outcome.contributors = std::move(part.contributors);
     }
     if (p == parts) { // the reducer's final status, so the call ends cleanly
         byte_buffer rest;
@@ -161,10 +185,16 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_results(std::sha
 }
 
 template <net::transport Transport>
-bool allreduce_service<Transport>::round::valid_contributors(const std::vector<bool>& who) const {
-    if (!who[me]) return false;
-    for (std::size_t j = 0; j < who.size(); ++j)
-        if (who[j] && !sends_values(group.members[j].role)) return false;
+bool allreduce_service<Transport>::round::valid_result(const part_message& m) const {
+    // decode_part checked the members' range and that no one is both.
+    bool excluded_me = false;
+    for (const auto& e : m.excluded) {
+        if (!sends_values(group.members[e.member].role)) return false;
+        excluded_me = excluded_me || e.member == me;
+    }
+    if (m.contributors[me] == excluded_me) return false;
+    for (std::size_t j = 0; j < m.contributors.size(); ++j)
+        if (m.contributors[j] && !sends_values(group.members[j].role)) return false;
     return true;
 }
 

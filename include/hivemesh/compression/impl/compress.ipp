@@ -110,6 +110,29 @@ HIVEMESH_DECL std::error_code decompress_add(byte_view buffer, std::span<float> 
                                  });
 }
 
+HIVEMESH_DECL std::error_code decompress_norm(byte_view buffer, std::size_t count, double& norm,
+                                              std::vector<float>& scratch, const limits& lim) {
+    double squares = 0;
+    auto add = [&squares](std::size_t, std::size_t n, auto value_at) {
+        for (std::size_t i = 0; i < n; ++i) {
+            const double v = value_at(i);
+            squares += v * v;
+        }
+    };
+    header h;
+    if (auto ec = read_header(buffer, h, lim)) return ec;
+    if (detail::decodes_finite(h.codec)) {
+        if (h.count != count) return errc::size_mismatch;
+        scratch.resize(count);
+        if (auto ec = decompress_into(buffer, scratch, lim)) return ec;
+        add(0, count, [&scratch](std::size_t i) { return scratch[i]; });
+    } else if (auto ec = detail::decode_finite(buffer, count, scratch, lim, add)) {
+        return ec;
+    }
+    norm = std::sqrt(squares);
+    return {};
+}
+
 HIVEMESH_DECL std::vector<float> decompress(byte_view buffer, std::error_code& ec,
                                             const limits& lim) {
     header h;

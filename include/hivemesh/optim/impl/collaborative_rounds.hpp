@@ -6,6 +6,7 @@
 
 #include <asio/bind_cancellation_slot.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -54,6 +55,9 @@ collaborative_optimizer<Transport>::run_round(shared_ptr st, averager_type& aver
     out.error = pending->error;
     out.group_size = r.group_size;
     out.fraction_averaged = began ? r.allreduce.fraction_averaged() : 0.0;
+    out.members_excluded = static_cast<std::size_t>(
+        std::count(r.allreduce.excluded.begin(), r.allreduce.excluded.end(), true));
+    out.parts_refused = r.allreduce.parts_refused;
     if (!out.error && out.fraction_averaged >= 1)
         out.outcome = round_outcome::averaged;
     else if (began && r.allreduce.elements_averaged > 0)
@@ -107,6 +111,8 @@ void collaborative_optimizer<Transport>::count(shared& st, const round_report& r
         ++s.rounds_alone;
         break;
     }
+    s.members_excluded += r.members_excluded;
+    s.parts_refused += r.parts_refused;
 }
 
 } // namespace hivemesh::optim

@@ -204,7 +204,12 @@ asio::awaitable<round_report>
 collaborative_optimizer<Transport>::round_or_alone(shared_ptr st, averager_type& averager,
                                                    pending_ptr& scheduled, std::uint64_t epoch,
                                                    double weight, bool alone) {
-    round_report out{round_outcome::alone, {}, 1, 0.0};
+    round_report out{.outcome = round_outcome::alone,
+                     .error = {},
+                     .group_size = 1,
+                     .fraction_averaged = 0.0,
+                     .members_excluded = 0,
+                     .parts_refused = 0};
     if (alone)
         co_await abandon(scheduled);
     else {
