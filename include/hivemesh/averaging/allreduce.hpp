@@ -353,7 +353,10 @@ private:
         std::optional<asio::any_io_executor> reduce; ///< serialises a reducer's additions
         allreduce_hooks hooks;
         std::map<group_id, std::weak_ptr<round>> rounds;
-        std::set<timer_type*> joiners; ///< incoming senders waiting for their round
+        /// Incoming senders waiting for their round, in arrival order: they wake in it, so
+        /// a reducer adds parts in an order that does not depend on addresses (a simulated
+        /// swarm then gives the same sums for the same seed).
+        std::vector<timer_type*> joiners;
         /// The last round's sums when they were larger than detail::always_mapped_bytes,
         /// kept for the next round (see there).
         detail::uninitialized_floats spare_sums;

@@ -496,9 +496,9 @@ allreduce_service<Transport>::serve(std::weak_ptr<service_state> weak,
         if (t >= give_up) co_return make_error_code(errc::unknown_group);
         timer_type timer(st->executor);
         timer.expires_after(std::min<duration>(give_up - t, 100ms));
-        st->joiners.insert(&timer);
+        st->joiners.push_back(&timer);
         co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-        st->joiners.erase(&timer);
+        std::erase(st->joiners, &timer);
     }
     if (auto ec = r->check_begin(begin, context.remote)) co_return ec;
     co_return co_await round::serve_sender(r, begin, stream);
