@@ -32,6 +32,7 @@ struct trainer_options {
     bool local_updates = false;
     std::uint64_t average_state_every = 1;
     std::string grad_compression = "none";
+    double max_norm_ratio = 0;   ///< allreduce_options::max_norm_ratio; 0: no bound
     double matchmaking_time = 1; ///< seconds
     // When to stop: whichever comes first (0: no limit).
     std::uint64_t epochs = 100;
@@ -134,6 +135,15 @@ inline void add_trainer_options(CLI::App& app, trainer_options& o) {
     app.add_option("--grad-compression", o.grad_compression, "Codec of the averaged gradients")
         ->check(CLI::IsMember({"none", "float16", "blockwise_8bit"}))
         ->group(training);
+    app.add_option("--max-norm-ratio", o.max_norm_ratio,
+                   "Leave out of each averaged part a peer's values whose norm exceeds this "
+                   "many times the median's (0: no bound; NaN and infinity are always left out)")
+        ->check(program::non_negative)
+        ->check([](const std::string& text) -> std::string {
+            const double ratio = std::strtod(text.c_str(), nullptr);
+            return ratio == 0 || ratio >= 1 ? "" : "Value " + text + " is neither 0 nor >= 1";
+        })
+        ->group(training);
     app.add_option("--matchmaking-time", o.matchmaking_time,
                    "Seconds before the estimated end of an epoch that matchmaking starts")
         ->check(program::positive)
@@ -196,6 +206,7 @@ inline nlohmann::ordered_json to_json(const trainer_options& o) {
             {"local_updates", o.local_updates},
             {"average_state_every", o.average_state_every},
             {"grad_compression", o.grad_compression},
+            {"max_norm_ratio", o.max_norm_ratio},
             {"matchmaking_time", o.matchmaking_time},
             {"epochs", o.epochs},
             {"max_samples", o.max_samples},

@@ -247,6 +247,8 @@ inline nlohmann::ordered_json to_json(const optim::optimizer_statistics& s) {
             {"rounds_alone", s.rounds_alone},
             {"state_loads", s.state_loads},
             {"state_load_failures", s.state_load_failures},
+            {"members_excluded", s.members_excluded},
+            {"parts_refused", s.parts_refused},
             {"bytes_sent", s.bytes_sent},
             {"bytes_received", s.bytes_received}};
 }
@@ -276,6 +278,7 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
     co.use_local_updates = o.local_updates;
     co.average_state_every = o.average_state_every;
     co.grad_compression = *compression::parse_kind(o.grad_compression);
+    co.averaging.allreduce.max_norm_ratio = o.max_norm_ratio;
     // On loopback (every peer the launcher started; they bootstrap with --bootstrap, not
     // --join) the whole swarm is known: a group of every peer forms at once, also while a
     // killed peer's record still counts (the optimizer's own rule waits for every peer its

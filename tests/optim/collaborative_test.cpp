@@ -336,6 +336,51 @@ TEST_CASE("compressed gradients give every peer the same values, near the exact 
     }
 }
 
+TEST_CASE("with the norm bound, a peer sending 1e30-scaled gradients is left out of every mean "
+          "and every peer counts it",
+          "[optim][collaborative][sim][hostile]") {
+    constexpr double lr = 0.5;
+    constexpr std::size_t honest = 3;
+    collaborative_swarm swarm(26);
+    for (const auto interval : {100ms, 170ms, 230ms, 130ms}) {
+        auto options = run_options(1024, honest + 1);
+        options.averaging.allreduce.max_norm_ratio = 100;
+        swarm.add(options, plain_sgd(lr), interval);
+    }
+    // Finite, so the peer's own check passes; its norm is ~1e31 against honest ones of ~10.
+    swarm.trainers[honest].before_step = [](trainer& t) {
+        for (auto* grad : {&t.model.first_grad, &t.model.second_grad})
+            for (float& g : *grad)
+                g *= 1e30f;
+    };
+    swarm.wait_until_all_seen(honest + 1);
+    swarm.run();
+
+    // The honest peers' epochs follow the contract over their own samples alone.
+    std::vector<epoch_trace> traces;
+    for (std::size_t p = 0; p < honest; ++p) {
+        const auto& t = swarm.trainers[p];
+        traces.push_back({&t.model.target, &t.epoch_ends, &t.values_after});
+    }
+    check_contract(traces, lr, 3, 1e-5);
+    const auto& hostile = swarm.trainers[honest];
+    REQUIRE(hostile.values_after.size() == 3);
+    // It left itself out of its own span's mean too, so it holds what everyone holds.
+    CHECK(hostile.values_after == swarm.trainers[0].values_after);
+    for (const auto& t : swarm.trainers) {
+        for (const auto& r : t.epoch_ends) {
+            CHECK(r.averaging.group_size == honest + 1);
+            CHECK(r.averaging.members_excluded == 1);
+            CHECK(r.averaging.parts_refused == 0);
+            CHECK(r.state_averaging.members_excluded == 0);
+        }
+        const auto stats = t.optimizer->statistics();
+        CHECK(stats.members_excluded == 3); // the gradient rounds; the state rounds agree
+        CHECK(stats.parts_refused == 0);
+        CHECK(stats.rounds_averaged == 6);
+    }
+}
+
 TEST_CASE("a peer alone applies its own gradient every epoch at the rate of its schedule, and "
           "says it was alone",
           "[optim][collaborative][sim]") {
