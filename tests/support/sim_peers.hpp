@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -33,15 +34,7 @@ struct sim_peers {
     /// succeeds, with nothing to report, within a virtual minute.
     sim_peer& add_peer(bool client_mode = false) {
         using namespace std::chrono_literals;
-        const auto node = network.add_node();
-        peer_options o;
-        o.listen = {"/sim/" + std::to_string(node) + "/port/0"};
-        o.client_mode = client_mode;
-        if (!peers.empty()) o.initial_peers = {peers.front().addresses().front()};
-        o.dht = dht_options;
-        auto& p = peers.emplace_back(net::sim::transport(network, node), o,
-                                     identity_of(static_cast<std::uint8_t>(peers.size() + 1)));
-        nodes.push_back(node);
+        auto& p = new_peer(client_mode);
         bool done = false;
         std::error_code error;
         std::string problem;
@@ -60,6 +53,21 @@ struct sim_peers {
         return p;
     }
 
+    /// A new peer on a new node, not bootstrapped yet (its initial peer is the first).
+    sim_peer& new_peer(bool client_mode = false) {
+        const auto node = network.add_node();
+        if (on_node_added) on_node_added(node);
+        peer_options o;
+        o.listen = {"/sim/" + std::to_string(node) + "/port/0"};
+        o.client_mode = client_mode;
+        if (!peers.empty()) o.initial_peers = {peers.front().addresses().front()};
+        o.dht = dht_options;
+        auto& p =
+            peers.emplace_back(net::sim::transport(network, node), o, identity_for(peers.size()));
+        nodes.push_back(node);
+        return p;
+    }
+
     time_point now() const { return network.time().now(); }
     template <class Predicate>
     bool run_until(Predicate done, duration max) {
@@ -67,8 +75,15 @@ struct sim_peers {
     }
     void run_for(duration d) { network.time().run_for(d); }
 
+    /// Peer i's identity: identity_of(i + 1) for the first 255, then pseudo-random ones.
+    static crypto::identity identity_for(std::size_t i) {
+        return i < 255 ? identity_of(static_cast<std::uint8_t>(i + 1)) : random_identity(i);
+    }
+
     /// The DHT settings of the peers added from now on.
     dht::node_options dht_options;
+    /// Called with each new peer's node before it bootstraps (e.g. to set its links).
+    std::function<void(net::sim::node_id)> on_node_added;
     asio::io_context io;
     net::sim::network network;
     std::deque<sim_peer> peers;
