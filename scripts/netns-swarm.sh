@@ -74,7 +74,7 @@ errors=$(mktemp)
 # the namespaces; their veth pairs and the bridge go with them.
 # shellcheck disable=SC2317 # called by the trap
 cleanup() {
-  local status=$? ns pids
+  local status=$? ns pids deadline
   trap - EXIT INT TERM
   if [ -n "$child" ] && kill -0 "$child" 2> /dev/null; then
     kill -TERM "$child" 2> /dev/null || true
@@ -87,7 +87,9 @@ cleanup() {
     [ -z "${pids// /}" ] && break
     # shellcheck disable=SC2086 # a list of process ids
     kill -"$signal" $pids 2> /dev/null || true
+    deadline=$((SECONDS + 5))
     for _ in $(seq 50); do # up to 5 s
+      [ "$SECONDS" -lt "$deadline" ] || break
       pids=""
       for ns in "${made[@]}"; do
         pids+="$(ip netns pids "$ns" 2> /dev/null)"

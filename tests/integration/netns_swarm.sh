@@ -54,11 +54,13 @@ fail() {
   exit 1
 }
 
-# run_in <i> PROGRAM ARGS...: runs a program in peer i's namespace, for at most 150 s.
+# run_in <i> PROGRAM ARGS...: runs a program in peer i's namespace, for at most 150 s. Only
+# in a subshell (`run_in ... &` or `$(run_in ...)`): it execs, so that $! is timeout's pid
+# (and killing it stops the program; ip netns exec execs the program in turn).
 run_in() {
   local i=$1
   shift
-  timeout -k 5 150 ip netns exec "${names[i]}" "$@"
+  exec timeout -k 5 150 ip netns exec "${names[i]}" "$@"
 }
 
 # Waits for background process <pid>; fails unless it exits with 0.
