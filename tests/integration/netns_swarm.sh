@@ -18,6 +18,10 @@
 #   usage: netns_swarm.sh DHT_NODE MOSHPIT_SWARM [TRAINER REPORT_CHECKER]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+if [ $# -lt 2 ] || [ $# -eq 3 ]; then
+  echo "usage: $0 DHT_NODE MOSHPIT_SWARM [TRAINER REPORT_CHECKER]" >&2
+  exit 2
+fi
 if [ -z "${HIVEMESH_NETNS_NAMES:-}" ]; then
   # The namespaces first; this script runs again inside scripts/netns-swarm.sh.
   exec bash "$here/../../scripts/netns-swarm.sh" --peers 4 --rate 100mbit --timeout 200 \
