@@ -24,7 +24,7 @@ if [ $# -lt 2 ] || [ $# -eq 3 ]; then
 fi
 if [ -z "${HIVEMESH_NETNS_NAMES:-}" ]; then
   # The namespaces first; this script runs again inside scripts/netns-swarm.sh.
-  exec bash "$here/../../scripts/netns-swarm.sh" --peers 4 --rate 100mbit --timeout 200 \
+  exec bash "$here/../../scripts/netns-swarm.sh" --peers 4 --rate 100mbit --timeout 240 \
     -- bash "$0" "$@"
 fi
 
@@ -58,13 +58,13 @@ fail() {
   exit 1
 }
 
-# run_in <i> PROGRAM ARGS...: runs a program in peer i's namespace, for at most 150 s. Only
+# run_in <i> PROGRAM ARGS...: runs a program in peer i's namespace, for at most 180 s. Only
 # in a subshell (`run_in ... &` or `$(run_in ...)`): it execs, so that $! is timeout's pid
 # (and killing it stops the program; ip netns exec execs the program in turn).
 run_in() {
   local i=$1
   shift
-  exec timeout -k 5 150 ip netns exec "${names[i]}" "$@"
+  exec timeout -k 5 180 ip netns exec "${names[i]}" "$@"
 }
 
 # Waits for background process <pid>; fails unless it exits with 0.
