@@ -3,7 +3,8 @@
 //
 //   moshpit_swarm [--peers 16] [--group 4] [--rounds 3] [--elements 4194304]
 //                 [--codec none|float16|blockwise_8bit] [--plaintext] [--base-port 29300]
-//                 [--json FILE] [--check]
+//                 [--hosts 127.0.0.1,...] [--json FILE] [--check]
+//   moshpit_swarm --rank R [the same options]      (one peer only: see below)
 //
 // The parent starts one child process per peer (the same program with --rank), starts each
 // round once every peer finished the last (a line on the children's stdin), and prints,
@@ -12,6 +13,15 @@
 // elements; every peer starts with the values rank + a small pattern, so the mean is known
 // everywhere). With N = group^d peers the swarm holds the exact mean after d rounds;
 // --check exits 1 unless the last round averaged everything and reached the mean.
+//
+// Rank r listens at the r-th address of --hosts (the last one for ranks beyond the list) on
+// port --base-port + r and announces that address; the others bootstrap from rank 0's. With
+// --rank R the program runs only that peer, for peers on several hosts or network namespaces
+// (scripts/netns-swarm.sh): it prints `ready 1` once it joined, starts a round at each line
+// on stdin and prints one line per round:
+//   round N rank R seconds S group G fraction F sent BYTES squares Q
+// where Q is the sum over its elements of the squared distance from the global mean (or
+// `round N rank R error CODE`). Every process of a swarm needs the same options.
 #include <hivemesh/averaging/averager.hpp>
 #include <hivemesh/dht/node.hpp>
 #include <hivemesh/net/tcp.hpp>
@@ -56,6 +66,7 @@ struct options {
     bool plaintext = false;
     bool check = false; ///< fail unless the last round holds the exact mean everywhere
     unsigned base_port = 29300;
+    std::vector<asio::ip::address> hosts{asio::ip::address_v4::loopback()};
     std::string json;
     std::optional<std::size_t> rank;
 };
@@ -78,16 +89,34 @@ options parse(int argc, char** argv) {
     app.add_option("--codec", codec, "how the all-reduce compresses its parts")
         ->check(CLI::IsMember(codecs));
     app.add_flag("--plaintext", o.plaintext, "authenticated but unencrypted sessions");
-    app.add_option("--base-port", o.base_port, "rank r listens on 127.0.0.1 at this port + r")
+    app.add_option("--base-port", o.base_port,
+                   "rank r listens at this port + r (on its address of --hosts)")
         ->check(CLI::Range(1, 65535));
+    std::vector<std::string> hosts{"127.0.0.1"};
+    app.add_option("--hosts", hosts,
+                   "IP addresses of the peers: rank r listens at the r-th (the last one for "
+                   "ranks beyond the list) and announces it; rank 0's is the bootstrap peer")
+        ->delimiter(',')
+        ->type_name("IP,...");
     app.add_option("--json", o.json, "also write the rounds as JSON to FILE")->type_name("FILE");
     app.add_flag("--check", o.check,
                  "exit 1 unless the last round averaged everything and reached the mean");
-    app.add_option("--rank", o.rank, "internal: run as the peer of this rank")
-        ->check(program::non_negative)
-        ->group("");
+    app.add_option("--rank", o.rank,
+                   "run only the peer of this rank (a round starts at each line on stdin; "
+                   "see the top of moshpit_swarm.cpp), e.g. on its own host of --hosts")
+        ->check(program::non_negative);
     try {
         app.parse(argc, argv);
+        o.hosts.clear();
+        for (const auto& text : hosts) {
+            std::error_code bad;
+            const auto ip = asio::ip::make_address(text, bad);
+            if (bad || ip.is_unspecified())
+                throw CLI::ValidationError("--hosts", "not an IP address to dial: " + text);
+            o.hosts.push_back(ip);
+        }
+        if (o.hosts.empty()) throw CLI::ValidationError("--hosts", "needs an address");
+        if (o.rank && *o.rank >= o.peers) throw CLI::ValidationError("--rank", "below --peers");
         o.codec = *compression::parse_kind(codec);
         if (o.group > o.peers) throw CLI::ValidationError("--group", "at most --peers");
         if (o.base_port + o.peers > 65535)
@@ -104,6 +133,12 @@ crypto::identity identity_of(std::size_t rank) {
     seed.fill(static_cast<std::byte>(rank + 1));
     seed[0] = std::byte{0x5A};
     return crypto::identity::from_seed(seed);
+}
+
+/// Where rank `rank` listens, and where the others reach it.
+asio::ip::tcp::endpoint endpoint_of(const options& o, std::size_t rank) {
+    return {o.hosts[std::min(rank, o.hosts.size() - 1)],
+            static_cast<unsigned short>(o.base_port + rank)};
 }
 
 float pattern(std::size_t i) {
@@ -131,9 +166,7 @@ int run_peer(const options& o) {
     net::node_options rpc_options;
     rpc_options.security.plaintext = o.plaintext;
     rpc_node_type rpc(tcp, identity_of(rank), rpc_options);
-    const auto loopback = asio::ip::address_v4::loopback();
-    const asio::ip::tcp::endpoint endpoint(loopback,
-                                           static_cast<unsigned short>(o.base_port + rank));
+    const auto endpoint = endpoint_of(o, rank);
     rpc.serve(tcp.listen(endpoint));
     dht_node_type dht(rpc, endpoint);
 
@@ -163,9 +196,7 @@ int run_peer(const options& o) {
     int exit_code = 0;
     try {
         if (rank != 0) {
-            const rpc_node_type::peer first{
-                identity_of(0).id(),
-                asio::ip::tcp::endpoint(loopback, static_cast<unsigned short>(o.base_port))};
+            const rpc_node_type::peer first{identity_of(0).id(), endpoint_of(o, 0)};
             for (int attempt = 0;; ++attempt) {
                 try {
                     dht.bootstrap({first});
@@ -260,6 +291,10 @@ int run_swarm(const options& o, const char* self) {
                                       "--elements",  std::to_string(o.elements),
                                       "--codec",     std::string(compression::to_string(o.codec)),
                                       "--base-port", std::to_string(o.base_port)};
+        std::string hosts;
+        for (const auto& ip : o.hosts)
+            hosts += (hosts.empty() ? "" : ",") + ip.to_string();
+        args.insert(args.end(), {"--hosts", hosts});
         if (o.plaintext) args.emplace_back("--plaintext");
         program::child_stdio stdio;
         stdio.stdin_pipe = stdio.stdout_pipe = true;

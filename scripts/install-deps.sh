@@ -8,6 +8,7 @@ packages=(
   libasio-dev libsodium-dev libxxhash-dev libzstd-dev zlib1g-dev
   catch2 libbenchmark-dev libeigen3-dev libtorch-dev
   libcli11-dev nlohmann-json3-dev gnuplot-nox dataset-fashion-mnist
+  iproute2
 )
 
 missing=()

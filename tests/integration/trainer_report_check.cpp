@@ -4,10 +4,11 @@
 //
 //   trainer_report_check REPORT.json [--min-accuracy A] [--finished N] [--live N]
 //                        [--same-parameters] [--min-attributed F] [--killed RANK]
-//                        [--replacements N]
+//                        [--replacements N] [--in-swarm]
 #include "../../examples/trainer/phases.hpp"
 #include "program.hpp"
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -35,7 +36,7 @@ int main(int argc, char** argv) {
     double min_accuracy = 0, min_attributed = 0.95;
     std::size_t finished = 0, replacements = 0;
     std::optional<std::size_t> live;
-    bool same_parameters = false;
+    bool same_parameters = false, in_swarm = false;
     std::optional<std::size_t> killed;
     CLI::App app{"Checks a collaborative_trainer report."};
     app.add_option("report", path, "report.json")->required();
@@ -50,6 +51,9 @@ int main(int argc, char** argv) {
     app.add_option("--killed", killed, "This peer was killed");
     app.add_option("--replacements", replacements,
                    "At least this many peers joined late, each after loading state");
+    app.add_flag("--in-swarm", in_swarm,
+                 "Every finished peer's epochs hold more samples than it computed itself: "
+                 "others trained with it (a multi-host peer's report has only itself)");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -98,6 +102,15 @@ int main(int argc, char** argv) {
             if (same_parameters && !hash.empty())
                 check(h == hash, "peer " + rank + ": parameters " + h + " == " + hash);
             if (hash.empty()) hash = h;
+            if (in_swarm) {
+                const auto target = report["config"].value("target_batch_size", std::uint64_t{0});
+                const auto epoch = p.value("epoch", std::uint64_t{0});
+                const auto samples = p.value("samples", std::uint64_t{0});
+                check(epoch * target > samples,
+                      "peer " + rank + ": " + std::to_string(epoch) + " epochs of " +
+                          std::to_string(target) + " samples > its own " + std::to_string(samples) +
+                          " (it trained in a swarm)");
+            }
         }
         if (p.value("joined_global_epoch", 0) > 0) {
             ++late;

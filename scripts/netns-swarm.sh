@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# A private multi-host network on one Linux machine: N peer network namespaces, each with one
+# interface (eth0, 10.213.0.<i+1>/24) on a veth pair into a bridge that lives in a namespace
+# of its own, every link shaped both ways with tc's token bucket filter (tbf). Runs COMMAND
+# with the namespaces in its environment, then removes everything it made, also when COMMAND
+# fails, times out or the script is interrupted. The host's own network is never touched:
+# no interface, address or route is added outside the namespaces this script creates.
+#
+#   netns-swarm.sh [--peers N] [--rate RATE] [--burst SIZE] [--latency TIME]
+#                  [--timeout SECONDS] -- COMMAND [ARGS...]
+#
+#   --peers N          peer namespaces (default 4, at most 250)
+#   --rate RATE        tbf rate of every link, each direction (default 100mbit)
+#   --burst SIZE       tbf bucket size (default 128kb)
+#   --latency TIME     longest a packet may wait in the tbf queue (default 50ms)
+#   --timeout SECONDS  COMMAND is stopped (TERM, then KILL) after this long (default 600)
+#
+# COMMAND runs in the host's namespace with
+#   HIVEMESH_NETNS_NAMES      the peer namespaces, space-separated (peer 0 first)
+#   HIVEMESH_NETNS_ADDRESSES  their addresses, in the same order
+# and starts peer i with: ip netns exec <i-th name> PROGRAM ...  A peer must listen on, and
+# announce, its own address: its namespace's loopback interface is left down, so peers reach
+# each other only through the shaped links. Each run's names carry its process id, so runs
+# side by side do not collide (their addresses are the same, on separate bridges).
+#
+# Needs root and ip netns (iproute2; veth, bridge and sch_tbf in the kernel). When they are
+# not permitted it prints one line, "SKIP: netns test needs root and ip netns (<reason>)",
+# and exits 77 (the SKIP_RETURN_CODE of integration:netns_swarm). Otherwise it exits with
+# COMMAND's status (124 when the timeout stopped it).
+# tests/integration/netns_swarm.sh uses it; by hand, for example:
+#   sudo scripts/netns-swarm.sh --peers 2 -- bash -c 'set -- $HIVEMESH_NETNS_NAMES
+#     ip netns exec "$1" ip -brief address; ip netns exec "$2" ip -brief address'
+set -euo pipefail
+
+peers=4 rate=100mbit burst=128kb latency=50ms limit=600
+usage() {
+  sed -n '/^#   netns-swarm.sh/,/^#   --timeout/p' "$0" | sed 's/^#//' >&2
+  exit 2
+}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --peers) peers=${2:?}; shift 2 ;;
+    --rate) rate=${2:?}; shift 2 ;;
+    --burst) burst=${2:?}; shift 2 ;;
+    --latency) latency=${2:?}; shift 2 ;;
+    --timeout) limit=${2:?}; shift 2 ;;
+    --) shift; break ;;
+    *) usage ;;
+  esac
+done
+[ $# -gt 0 ] || usage
+if ! [[ $peers =~ ^[0-9]+$ && $peers -ge 1 && $peers -le 250 && $limit =~ ^[0-9]+$ &&
+  $limit -ge 1 ]]; then
+  usage
+fi
+
+skip() {
+  echo "SKIP: netns test needs root and ip netns ($*)"
+  exit 77
+}
+[ "$(id -u)" = 0 ] || skip "not root: uid $(id -u)"
+command -v ip > /dev/null || skip "no ip command (Debian: iproute2)"
+command -v tc > /dev/null || skip "no tc command (Debian: iproute2)"
+
+tag="hm$$"
+bridge_ns="${tag}-br"
+names=()
+addresses=()
+made=()    # namespaces this run created, removed by cleanup
+child=""   # COMMAND's timeout process
+errors=$(mktemp)
+
+# Stops what still runs in our namespaces (only processes inside them: ours), then removes
+# the namespaces; their veth pairs and the bridge go with them.
+# shellcheck disable=SC2317 # called by the trap
+cleanup() {
+  local status=$? ns pids deadline
+  trap - EXIT INT TERM
+  if [ -n "$child" ] && kill -0 "$child" 2> /dev/null; then
+    kill -TERM "$child" 2> /dev/null || true
+  fi
+  for signal in TERM KILL; do
+    pids=""
+    for ns in "${made[@]}"; do
+      pids+=" $(ip netns pids "$ns" 2> /dev/null | tr '\n' ' ')"
+    done
+    [ -z "${pids// /}" ] && break
+    # shellcheck disable=SC2086 # a list of process ids
+    kill -"$signal" $pids 2> /dev/null || true
+    deadline=$((SECONDS + 5))
+    for _ in $(seq 50); do # up to 5 s
+      [ "$SECONDS" -lt "$deadline" ] || break
+      pids=""
+      for ns in "${made[@]}"; do
+        pids+="$(ip netns pids "$ns" 2> /dev/null)"
+      done
+      [ -z "$pids" ] && break
+      sleep 0.1
+    done
+  done
+  if [ -n "$child" ]; then
+    wait "$child" 2> /dev/null || true
+  fi
+  for ns in "${made[@]}"; do
+    ip netns del "$ns" 2> /dev/null || echo "netns-swarm: could not remove namespace $ns" >&2
+  done
+  rm -f "$errors"
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Runs a setup step; its failure is a skip that names the step and the kernel's answer.
+step() {
+  "$@" 2> "$errors" || skip "$* failed: $(head -1 "$errors")"
+}
+
+add_namespace() {
+  step ip netns add "$1"
+  made+=("$1")
+  step ip -n "$1" link set lo down
+}
+
+add_namespace "$bridge_ns"
+step ip -n "$bridge_ns" link add br0 type bridge
+step ip -n "$bridge_ns" link set br0 up
+for ((i = 0; i < peers; i++)); do
+  ns="${tag}-p${i}"
+  address="10.213.0.$((i + 1))"
+  add_namespace "$ns"
+  step ip -n "$bridge_ns" link add "b${i}" type veth peer name eth0 netns "$ns"
+  step ip -n "$bridge_ns" link set "b${i}" master br0 up
+  step ip -n "$ns" addr add "${address}/24" dev eth0
+  step ip -n "$ns" link set eth0 up
+  # Both directions: the peer's egress, and the bridge's egress towards the peer.
+  step tc -n "$ns" qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency "$latency"
+  step tc -n "$bridge_ns" qdisc add dev "b${i}" root tbf rate "$rate" burst "$burst" \
+    latency "$latency"
+  names+=("$ns")
+  addresses+=("$address")
+done
+echo "netns-swarm: ${peers} peers in ${names[0]}..${names[peers - 1]}" \
+  "(${addresses[0]}..${addresses[peers - 1]}), bridge in ${bridge_ns}, tbf ${rate} each way"
+
+export HIVEMESH_NETNS_NAMES="${names[*]}" HIVEMESH_NETNS_ADDRESSES="${addresses[*]}"
+# In the background so that a signal reaches the trap at once (and COMMAND keeps our stdin).
+exec 3<&0
+timeout -k 10 "$limit" "$@" <&3 &
+child=$!
+status=0
+wait "$child" || status=$?
+child=""
+exit "$status"
