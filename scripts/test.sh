@@ -3,12 +3,18 @@
 #   1. g++ 12, warnings as errors, AddressSanitizer + UndefinedBehaviorSanitizer at -O1 with
 #      line tables: all tests (unit, consumer packaging, benchmark smoke runs);
 #   2. clang 14, warnings as errors, -O0: all tests again, every public header compiled
-#      alone, and the libFuzzer targets (-O1, ASan + UBSan) for a short run each.
-# Both link the tests to hivemesh::compiled, so the node, DHT and averaging templates are
-# compiled once per suite rather than in every test file; the consumer tests and the fuzzers
-# build header-only. -O1 -g1 and -O0 are what keep a cold build of both suites within the
-# README's figure on two cores; clang's warnings do not depend on the optimisation level.
-# Build trees go to build/ (override with HIVEMESH_BUILD_ROOT).
+#      alone, and the libFuzzer targets (-O1, ASan + UBSan) for a short run each;
+#   3. clang 14, warnings as errors, ThreadSanitizer at -O1 with line tables: only the test
+#      programs that run threads (THREADS in tests/CMakeLists.txt: core, TCP, the all-reduce
+#      and state sharing with compute pools, the peer, progress tracking, the collaborative
+#      optimizer with trainer threads and its delayed modes).
+# All three link the tests to hivemesh::compiled, so the node, DHT and averaging templates
+# are compiled once per suite rather than in every test file; the consumer tests and the
+# fuzzers build header-only. -O1 -g1 and -O0 are what keep a cold build of the
+# suites within the README's figure on two cores; clang's warnings do not depend on the
+# optimisation level.
+# Build trees go to build/ (override with HIVEMESH_BUILD_ROOT). HIVEMESH_SUITES picks
+# suites by name (default: "gcc-asan clang clang-tsan"), e.g. to rerun one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -16,15 +22,21 @@ scripts/install-deps.sh
 root=${HIVEMESH_BUILD_ROOT:-build}
 jobs=${HIVEMESH_JOBS:-$(nproc)}
 fuzz_seconds=${HIVEMESH_FUZZ_SECONDS:-20}
+suites=" ${HIVEMESH_SUITES:-gcc-asan clang clang-tsan} "
 
-run_suite() { # name, build type, flags of that build type, then extra cmake arguments
+configure() { # name, build type, flags of that build type, then extra cmake arguments
   local name=$1 type=$2 flags=$3
   shift 3
   echo "=== ${name} ==="
   cmake -S . -B "${root}/${name}" -DCMAKE_BUILD_TYPE="${type}" \
     "-DCMAKE_CXX_FLAGS_${type^^}=${flags}" -DHIVEMESH_WERROR=ON "$@"
-  cmake --build "${root}/${name}" -j "${jobs}"
-  (cd "${root}/${name}" && ctest --output-on-failure -j "${jobs}")
+}
+
+run_suite() { # as configure; builds and runs everything
+  [[ ${suites} == *" $1 "* ]] || return 0
+  configure "$@"
+  cmake --build "${root}/$1" -j "${jobs}"
+  (cd "${root}/$1" && ctest --output-on-failure -j "${jobs}")
 }
 
 # ccache keys on paths relative to the checkout, so a fresh clone elsewhere (CI) reuses
@@ -36,4 +48,26 @@ run_suite gcc-asan RelWithDebInfo "-O1 -g1 -DNDEBUG" -DCMAKE_CXX_COMPILER=g++ \
   -DHIVEMESH_SANITIZE=address,undefined -DHIVEMESH_CHECK_HEADERS=OFF
 run_suite clang Debug "-O0" -DCMAKE_CXX_COMPILER=clang++-14 -DHIVEMESH_BUILD_FUZZERS=ON \
   -DHIVEMESH_FUZZ_SECONDS="${fuzz_seconds}"
+
+if [[ ${suites} == *" clang-tsan "* ]]; then
+  # No -DNDEBUG: the asserts check the invariants the threads share.
+  configure clang-tsan RelWithDebInfo "-O1 -g1" -DCMAKE_CXX_COMPILER=clang++-14 \
+    -DHIVEMESH_SANITIZE=thread -DHIVEMESH_CHECK_HEADERS=OFF -DHIVEMESH_WITH_TORCH=OFF \
+    -DHIVEMESH_BUILD_BENCHMARKS=OFF -DHIVEMESH_BUILD_EXAMPLES=OFF
+  # clang 14's TSan runtime maps its shadow at fixed addresses and dies with "unexpected
+  # memory mapping" where the kernel randomises mmap with more than 28 bits (newer
+  # kernels' default); setarch -R turns address randomisation off for these processes
+  # only (no root, no sysctl). The build needs it too: CTest's test discovery runs the
+  # programs.
+  no_aslr=(setarch "$(uname -m)" -R)
+  # tests/tsan.supp: only third-party code TSan cannot see into, each entry with its reason.
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=${PWD}/tests/tsan.supp"
+  # Only the test programs marked THREADS in tests/CMakeLists.txt: the others run on one
+  # thread (the simulated network, or loopback TCP on one io thread), where TSan finds
+  # nothing. For that reason the Moshpit, matchmaking and averager cases, all on the
+  # simulated network and the longest under TSan, are left out too.
+  "${no_aslr[@]}" cmake --build "${root}/clang-tsan" -j "${jobs}" --target hivemesh_threaded_tests
+  (cd "${root}/clang-tsan" && "${no_aslr[@]}" ctest --output-on-failure -j "${jobs}" -L threads \
+    -E '^test_averaging_swarm:(moshpit|matchmaking|averager):')
+fi
 echo "all test suites passed"

@@ -349,10 +349,12 @@ protected:
     /// for up to `drain`, then stops them, and joins them and the compute pool.
     HIVEMESH_DECL void stop(duration drain = 0s);
 
+    // Declared before io_, so it outlives it: coroutine frames that io_ destroys at shutdown
+    // may hold strands on the pool, whose destructors use the pool's strand service.
+    std::optional<asio::thread_pool> compute_pool_;
     asio::io_context io_;
     asio::strand<asio::io_context::executor_type> strand_;
     asio::executor_work_guard<asio::io_context::executor_type> work_;
-    std::optional<asio::thread_pool> compute_pool_;
     std::vector<std::thread> threads_;
     std::mutex mutex_;
     std::condition_variable idle_;

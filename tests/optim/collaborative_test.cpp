@@ -730,6 +730,75 @@ TEST_CASE("two peers over loopback TCP end every epoch with the samples-weighted
     CHECK(refused.get_future().get() == "wrong_thread");
 }
 
+TEST_CASE("the delayed modes over loopback TCP: trainer threads step while the rounds and the "
+          "optimizer step run on the io and compute threads",
+          "[optim][collaborative][tcp]") {
+    using tcp_optimizer = optim::collaborative_optimizer<net::tcp::transport>;
+    const bool optimizer_step = GENERATE(false, true);
+    INFO("delay_optimizer_step " << optimizer_step);
+    constexpr double lr = 0.5;
+    peer_options po;
+    po.listen = {"/ip4/127.0.0.1/tcp/0"};
+    po.dht.maintenance_period = 0s;
+    // More than one of each, so the background work really runs beside the trainers.
+    po.io_threads = 2;
+    po.compute_threads = 2;
+    peer first(po);
+    po.initial_peers = {first.addresses().front()};
+    peer second(po);
+    std::deque<quadratic_model> models;
+    models.emplace_back(0);
+    models.emplace_back(1);
+    auto options = run_options(1024, 2);
+    options.matchmaking_time = 1s;
+    options.averaging_timeout = 5s;
+    options.tracking.min_refresh = 100ms;
+    options.delay_grad_averaging = true;
+    options.delay_optimizer_step = optimizer_step;
+    std::deque<tcp_optimizer> optimizers;
+    optimizers.emplace_back(first, models[0].parameters(), plain_sgd(lr), options);
+    optimizers.emplace_back(second, models[1].parameters(), plain_sgd(lr), options);
+    for (int i = 0; i < 200 && (optimizers[0].global_progress().num_peers < 2 ||
+                                optimizers[1].global_progress().num_peers < 2);
+         ++i)
+        std::this_thread::sleep_for(50ms);
+    REQUIRE(optimizers[1].global_progress().num_peers == 2);
+
+    std::vector<std::vector<optim::step_report>> ends(2), applied(2);
+    std::vector<std::vector<std::vector<float>>> values(2);
+    const auto train = [&](std::size_t p, duration pause) {
+        for (int steps = 0; steps < 2000 && optimizers[p].local_epoch() < 3; ++steps) {
+            std::this_thread::sleep_for(pause);
+            models[p].compute_gradient();
+            const auto report = optimizers[p].step();
+            if (report.update_applied) applied[p].push_back(report);
+            if (report.epoch_ended) {
+                ends[p].push_back(report);
+                values[p].push_back(models[p].values());
+            }
+        }
+    };
+    std::thread fast(train, 0, 20ms);
+    std::thread slow(train, 1, 35ms);
+    fast.join();
+    slow.join();
+
+    for (std::size_t p = 0; p < 2; ++p) {
+        INFO("peer " << p);
+        REQUIRE(ends[p].size() == 3);
+        CHECK(optimizers[p].local_epoch() == 3);
+        CHECK_FALSE(ends[p][0].update_applied);
+        // A step after a round applies it, at the next epoch's end at the latest: by the
+        // third end the first two rounds are applied and the third is running.
+        REQUIRE(applied[p].size() == 2);
+        for (const auto& r : applied[p])
+            CHECK(r.averaging.outcome == optim::round_outcome::averaged);
+    }
+    // By the third end both have applied the same two averaged gradients, from zeros.
+    CHECK(values[0][2] == values[1][2]);
+    CHECK(values[0][2] != std::vector<float>(first_size + second_size, 0.0f));
+}
+
 namespace {
 
 /// max |values − Σ c_p / n| over the swarm's mean target.

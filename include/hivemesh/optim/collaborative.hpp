@@ -332,7 +332,8 @@ public:
     progress::tracker<Transport>& tracker() noexcept { return state_->tracker; }
 
     /// Stops: withdraws the progress record and the donor record, and cancels the rounds
-    /// scheduled ahead. A step running on completes with what it has. Idempotent.
+    /// scheduled ahead. A step running on completes with what it has; a delayed update in
+    /// the background no longer reads the parameters once this returns. Idempotent.
     void close();
 
 private:
@@ -429,6 +430,9 @@ private:
 
         mutable std::mutex mutex; ///< guards stats
         optimizer_statistics stats;
+        /// Held while the background step reads the parameters outside a step; close() takes
+        /// it, so none does once the optimizer (which they need only outlive) is gone.
+        std::mutex background_mutex;
     };
     using shared_ptr = std::shared_ptr<shared>;
 

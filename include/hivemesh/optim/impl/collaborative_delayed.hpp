@@ -10,6 +10,7 @@
 
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <utility>
 
 namespace hivemesh::optim {
@@ -45,13 +46,21 @@ collaborative_optimizer<Transport>::run_delayed(shared_ptr st, std::shared_ptr<d
         }
         if (!d->dropped && st->options.delay_optimizer_step &&
             st->role != averaging::member_role::aux) {
-            // On a copy: the trainer reads the parameters meanwhile.
-            auto step = [&self = *st] {
-                for (std::size_t i = 0; i < self.params.size(); ++i)
-                    self.params[i].value.copy_to(self.update_values[i]);
+            // On a copy: the trainer reads the parameters meanwhile. This runs between the
+            // trainer's steps, so it reads them only while the optimizer is open.
+            bool closed = false;
+            auto step = [&self = *st, &closed] {
+                {
+                    std::lock_guard lock(self.background_mutex);
+                    closed = self.closed;
+                    if (closed) return;
+                    for (std::size_t i = 0; i < self.params.size(); ++i)
+                        self.params[i].value.copy_to(self.update_values[i]);
+                }
                 self.local.step(self.update_params);
             };
             co_await timed(st, &optimizer_statistics::optimizer_step, step);
+            if (closed) d->dropped = true;
         }
     } catch (...) {
         const auto ec = escaped_exception_code(std::current_exception(),

@@ -141,6 +141,8 @@ collaborative_optimizer<Transport>::~collaborative_optimizer() {
 template <net::transport Transport>
 void collaborative_optimizer<Transport>::close() {
     if (state_->closed.exchange(true)) return;
+    // Waits out the background step's read of the parameters; none starts after this.
+    { const std::lock_guard lock(state_->background_mutex); }
     state_->tracker.close();
     // The rest on the executor: the scheduled rounds' signals and the server are its alone.
     asio::post(state_->executor, [st = state_] {
