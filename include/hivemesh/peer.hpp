@@ -199,11 +199,22 @@ public:
     /// Adds a DHT record validator (e.g. a layer's schema check); safe while the peer runs.
     void add_validator(std::shared_ptr<const dht::record_validator> validator);
 
-    /// Stops listening, closes the DHT node and every connection (pending calls fail with
-    /// connection_closed). Call on the peer's executor, or while nothing runs it.
+    /// Stops listening and closes the DHT node; the calls in flight get up to
+    /// peer_options::rpc.drain_timeout to finish (see net::node::close). Call on the peer's
+    /// executor, or while nothing runs it. The layers above withdraw their records first
+    /// (e.g. collaborative_optimizer::async_close).
     void close() {
         dht_->close();
         rpc_->close();
+    }
+
+    /// close(), then waits for the calls in flight. Completion: void(std::error_code):
+    /// success, or timeout when some were cut at the drain deadline. Call on the peer's
+    /// executor; the peer must outlive the operation. Cancellation ends only the wait.
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code)) Token = default_token_t>
+    auto async_close(Token&& token = default_token_t{}) {
+        dht_->close();
+        return rpc_->async_close(std::forward<Token>(token));
     }
 
 private:
@@ -365,8 +376,9 @@ protected:
 
 /// A swarm member over TCP with its own threads: started and bootstrapped by its
 /// constructor. The blocking forms of the nodes may be called from any thread but its io
-/// threads; the destructor closes everything and joins its threads, promptly even with
-/// calls in flight (they fail with connection_closed).
+/// threads; the destructor closes everything and joins its threads, after letting the
+/// calls in flight finish for up to rpc.drain_timeout (the rest fail with
+/// connection_closed).
 class peer : private detail::peer_threads, public basic_peer<net::tcp::transport> {
 public:
     /// Starts the peer and bootstraps it. Throws std::system_error: the constructor errors
@@ -381,8 +393,9 @@ private:
     HIVEMESH_DECL static std::optional<asio::any_io_executor>
     compute_executor_of(std::optional<asio::thread_pool>& pool);
 
-    /// Closes the nodes on their strand, lets the calls that ends complete, then stops and
-    /// joins the threads; each step bounded, so a wedged io thread cannot hold us.
+    /// Closes the nodes on their strand, lets the calls in flight finish (up to the drain
+    /// timeout) and the completions of those it cut run, then stops and joins the
+    /// threads; each step bounded, so a wedged io thread cannot hold us.
     /// Idempotent.
     HIVEMESH_DECL void shutdown();
 };

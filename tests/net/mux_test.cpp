@@ -594,6 +594,71 @@ TEST_CASE("closing a connection fails its streams and pending opens", "[net][mux
     CHECK(pair.closed_b == errc::connection_closed);
 }
 
+TEST_CASE("after a goaway the streams under way finish, no new one opens, and the "
+          "connection closes once idle",
+          "[net][mux]") {
+    mux_pair pair;
+    mux_stream call;
+    byte_buffer reply;
+    std::error_code reply_error, end_error, open_error;
+    auto caller = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        co_await require_ok(pair.a->open(call));
+        co_await require_ok(call.send(random_bytes(100, 1), true));
+        reply_error = co_await call.receive(reply);
+        byte_buffer more;
+        end_error = co_await call.receive(more);
+    });
+    pair.run([&] { return !pair.incoming_b.empty(); });
+    pair.b->go_away();
+    pair.b->go_away(); // idempotent
+    CHECK_FALSE(pair.b->accepts_streams());
+    pair.run([&] { return !pair.a->accepts_streams(); });
+    CHECK(pair.a->is_open()); // a stream is still under way
+    auto late = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        mux_stream s;
+        open_error = co_await pair.a->open(s);
+    });
+    pair.run(late);
+    CHECK(open_error == errc::connection_closed);
+
+    // The goaway's sender still serves the stream it had.
+    auto served = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        auto& s = pair.incoming_b.front();
+        byte_buffer request;
+        co_await require_ok(s.receive(request));
+        co_await require_ok(s.send(std::move(request), true));
+    });
+    pair.run(served);
+    pair.run(caller);
+    CHECK_FALSE(reply_error);
+    CHECK(reply == random_bytes(100, 1));
+    CHECK(end_error == asio::error::eof);
+    // The receiver of the goaway closes the idle connection; no stream failed.
+    pair.run([&] { return pair.a_closed && pair.b_closed; });
+    CHECK(pair.closed_a == errc::connection_closed);
+}
+
+TEST_CASE("until_idle waits for the last stream, or the close", "[net][mux]") {
+    mux_pair pair;
+    bool idle = false;
+    auto waiter = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        co_await pair.b->until_idle(); // no stream yet: at once
+        mux_stream s;
+        co_await require_ok(pair.b->open(s));
+        co_await require_ok(s.send(random_bytes(10, 2), true));
+        co_await pair.b->until_idle();
+        idle = true;
+    });
+    pair.run([&] { return !pair.incoming_a.empty(); });
+    for (int i = 0; i < 50; ++i)
+        pair.io.poll();
+    CHECK_FALSE(idle);
+    pair.incoming_a.front().reset(errc::refused); // the last stream ends
+    pair.run(waiter);
+    CHECK(idle);
+    CHECK(pair.b->is_open());
+}
+
 // ---- a hand-written peer that breaks the protocol -----------------------------------
 
 namespace {
@@ -757,4 +822,22 @@ TEST_CASE("streams beyond the limit are refused, and oversized messages reset", 
     peer.send(data_frame(7, end_message, 5));
     CHECK_FALSE(peer.closed);
     CHECK(peer.incoming.size() == 2);
+}
+
+TEST_CASE("after our goaway, streams the peer opens are refused", "[net][mux]") {
+    raw_peer peer;
+    peer.victim->go_away();
+    peer.send(data_frame(1, net::frame_flags::open | net::frame_flags::end_message, 10));
+    CHECK_FALSE(peer.closed);
+    CHECK(peer.incoming.empty());
+    bool goaway = false;
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> resets;
+    for (auto& [f, payload] : peer.received()) {
+        goaway = goaway || f.type == net::frame_type::goaway;
+        if (f.type == net::frame_type::reset) resets.emplace_back(f.stream, f.value);
+    }
+    CHECK(goaway);
+    REQUIRE(resets.size() == 1);
+    CHECK(resets[0] ==
+          std::pair<std::uint32_t, std::uint32_t>{1, static_cast<std::uint32_t>(errc::refused)});
 }

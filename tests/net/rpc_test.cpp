@@ -112,6 +112,40 @@ void add_slow(host<World>& h, slow_handler& seen) {
         });
 }
 
+/// A method "pause" that answers with its request after `delay` of the world's time;
+/// `started` counts the calls it took.
+template <class World>
+void add_pause(host<World>& h, duration delay, int& started) {
+    h.node->add_handler(
+        "pause",
+        [delay, &started](const net::call_context&, byte_view request,
+                          byte_buffer& response) -> asio::awaitable<std::error_code> {
+            ++started;
+            typename World::transport_type::timer_type timer(co_await asio::this_coro::executor);
+            timer.expires_after(delay);
+            auto [ec] =
+                co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+            response.assign(request.begin(), request.end());
+            co_return ec;
+        });
+}
+
+/// Where a node's async_close completed.
+struct close_outcome {
+    bool done = false;
+    std::error_code ec;
+};
+
+template <class Node>
+std::shared_ptr<close_outcome> start_close(Node& node) {
+    auto outcome = std::make_shared<close_outcome>();
+    node.async_close([outcome](std::error_code ec) {
+        outcome->done = true;
+        outcome->ec = ec;
+    });
+    return outcome;
+}
+
 /// A streaming method "sink" that hands every message to `on_message` and ends with ok.
 template <class World>
 void add_sink(host<World>& h, std::function<void(const byte_buffer&)> on_message) {
@@ -714,4 +748,60 @@ TEST_CASE("silent incoming connections past max_pending_handshakes are closed at
     CHECK(outcome.response == random_bytes(10, 1));
     CHECK(server.node->statistics().handshakes_refused == 6);
     CHECK(server.node->statistics().pending_handshakes == 0);
+}
+
+TEMPLATE_TEST_CASE("closing a node lets the calls in flight finish both ways, then closes",
+                   "[net][rpc][shutdown]", sim_world, tcp_world) {
+    TestType world;
+    host<TestType> server(world, 1), client(world, 2);
+    int started = 0;
+    add_pause(server, 300ms, started);
+    add_pause(client, 300ms, started);
+    add_echo(server);
+    auto inbound = start_call(*client.node, server.peer(), "pause", random_bytes(5, 1));
+    auto outbound = start_call(*server.node, client.peer(), "pause", random_bytes(6, 2));
+    REQUIRE(world.run_until([&] { return started == 2; }));
+    auto closing = start_close(*server.node);
+    CHECK(server.node->connection_count() > 0); // draining (each side may have dialed)
+    // New calls go nowhere: not on the draining connection, and nothing listens any more.
+    auto late = start_call(*client.node, server.peer(), "echo", random_bytes(7, 3));
+    auto own = start_call(*server.node, client.peer(), "pause", {});
+    REQUIRE(world.run_until([&] {
+        return inbound->done && outbound->done && late->done && own->done && closing->done;
+    }));
+    CHECK_FALSE(inbound->ec);
+    CHECK(inbound->response == random_bytes(5, 1));
+    CHECK_FALSE(outbound->ec);
+    CHECK(outbound->response == random_bytes(6, 2));
+    CHECK(late->ec == errc::refused);
+    CHECK(own->ec == errc::connection_closed);
+    CHECK_FALSE(closing->ec);
+    CHECK(started == 2);
+    REQUIRE(world.run_until([&] {
+        return server.node->connection_count() == 0 && client.node->connection_count() == 0;
+    }));
+    // A second close, and closing with nothing in flight, complete at once.
+    auto again = start_close(*server.node);
+    REQUIRE(world.run_until([&] { return again->done; }));
+    CHECK_FALSE(again->ec);
+}
+
+TEMPLATE_TEST_CASE("a drain ends at drain_timeout and fails the calls still open",
+                   "[net][rpc][shutdown]", sim_world, tcp_world) {
+    TestType world;
+    net::node_options options;
+    const bool draining = GENERATE(true, false);
+    options.drain_timeout = draining ? 500ms : 0s;
+    host<TestType> server(world, 1, options), client(world, 2);
+    slow_handler seen;
+    add_slow(server, seen);
+    auto stuck = start_call(*client.node, server.peer(), "slow", {}, 3600s);
+    REQUIRE(world.run_until([&] { return seen.started; }));
+    auto closing = start_close(*server.node);
+    if (!draining) CHECK(server.node->connection_count() == 0);
+    REQUIRE(world.run_until([&] { return stuck->done && closing->done; }));
+    // Neither the call's own deadline nor the handler ended it: the drain did.
+    CHECK(stuck->ec == errc::connection_closed);
+    CHECK(closing->ec == (draining ? make_error_code(errc::timeout) : std::error_code{}));
+    REQUIRE(world.run_until([&] { return seen.cancelled; }));
 }

@@ -211,7 +211,8 @@ TEST_CASE("a peer with another swarm key cannot join, and is told so", "[peer]")
     }
 }
 
-TEST_CASE("destroying a peer with calls in flight ends them and returns promptly", "[peer]") {
+TEST_CASE("destroying a peer with calls in flight ends them after the drain deadline",
+          "[peer][shutdown]") {
     peer server(loopback_options());
     // A handler that would answer only after a minute.
     server.rpc().add_handler(
@@ -234,12 +235,44 @@ TEST_CASE("destroying a peer with calls in flight ends them and returns promptly
     const auto start = std::chrono::steady_clock::now();
     caller.reset();
     const auto took = std::chrono::steady_clock::now() - start;
-    // The bound is far above what closing takes; it catches a destructor that waits for
-    // the call's timeout (two minutes) instead of ending the call.
+    // The bound is far above what closing takes (the drain deadline, 2 s); it catches a
+    // destructor that waits for the call's timeout (two minutes) instead of ending the call.
     CHECK(took < 5s);
     REQUIRE(result.wait_for(0s) == std::future_status::ready);
     const auto ec = result.get();
     CHECK((ec == errc::connection_closed || ec == errc::cancelled));
+}
+
+TEST_CASE("a peer destroyed while it serves a call answers it first", "[peer][shutdown]") {
+    auto server = std::make_unique<peer>(loopback_options());
+    std::promise<void> started;
+    server->rpc().add_handler(
+        "test.brief",
+        [&started](const net::call_context&, byte_view request,
+                   byte_buffer& response) -> asio::awaitable<std::error_code> {
+            started.set_value();
+            asio::steady_timer timer(co_await asio::this_coro::executor);
+            timer.expires_after(300ms);
+            co_await timer.async_wait(default_token_t{});
+            response.assign(request.begin(), request.end());
+            co_return std::error_code{};
+        });
+    auto o = loopback_options();
+    o.initial_peers = server->addresses();
+    peer caller(o);
+    std::promise<std::pair<std::error_code, byte_buffer>> outcome;
+    auto result = outcome.get_future();
+    const byte_buffer request{std::byte{1}, std::byte{2}, std::byte{3}};
+    caller.rpc().async_call({server->id(), *server->announce_endpoint()}, "test.brief", request,
+                            60s, [&outcome](std::error_code ec, byte_buffer response) {
+                                outcome.set_value({ec, std::move(response)});
+                            });
+    started.get_future().wait();
+    server.reset(); // drains: the call in flight is answered before the connection closes
+    REQUIRE(result.wait_for(10s) == std::future_status::ready);
+    const auto [ec, response] = result.get();
+    CHECK_FALSE(ec);
+    CHECK(response == request);
 }
 
 TEST_CASE("peers on the simulated network bootstrap through the same code", "[peer][sim]") {

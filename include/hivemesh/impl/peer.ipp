@@ -114,13 +114,12 @@ peer::compute_executor_of(std::optional<asio::thread_pool>& pool) {
 
 HIVEMESH_DECL void peer::shutdown() {
     if (threads_.empty()) return;
-    std::promise<void> closed;
-    auto done = closed.get_future();
-    asio::dispatch(strand_, [this, &closed] {
-        close();
-        closed.set_value();
+    auto closed = std::make_shared<std::promise<void>>(); // may complete after we stop waiting
+    auto done = closed->get_future();
+    asio::dispatch(strand_, [this, closed] {
+        async_close([closed](std::error_code) { closed->set_value(); });
     });
-    done.wait_for(500ms);
+    done.wait_for(options().rpc.drain_timeout + 500ms);
     stop(500ms);
 }
 

@@ -255,13 +255,25 @@ public:
                              closed_handler on_closed);
 
     /// Opens a stream, waiting while the peer's stream limit is reached. Errors:
-    /// connection_closed; cancellation of the awaiting coroutine gives errc::cancelled.
+    /// connection_closed (also after either side's goaway); cancellation of the awaiting coroutine
+    /// gives errc::cancelled.
     HIVEMESH_DECL asio::awaitable<std::error_code> open(mux_stream& out);
 
     /// Ends every stream with connection_closed and closes the channel.
     void close() { fail(errc::connection_closed); }
 
+    /// Tells the peer we open and accept no more streams (a goaway frame); the streams
+    /// under way go on. Streams the peer opens from now on are refused (errc::refused).
+    /// Idempotent.
+    HIVEMESH_DECL void go_away();
+
+    /// Completes once no stream is open (at once if none is) or the connection closed;
+    /// cancellation of the awaiting coroutine ends the wait early.
+    HIVEMESH_DECL asio::awaitable<void> until_idle();
+
     bool is_open() const noexcept { return !closed_; }
+    /// Open, and neither side said goaway: new streams may go here.
+    bool accepts_streams() const noexcept { return !closed_ && !goaway_sent_ && !goaway_received_; }
     std::error_code close_reason() const noexcept { return close_reason_; }
     const crypto::peer_id& remote() const noexcept { return remote_; }
     /// The peer's settings hello (empty until its settings frame arrived).
@@ -371,6 +383,9 @@ private:
 
     HIVEMESH_DECL void fail(std::error_code reason);
 
+    /// After the peer's goaway: closes the connection once it has no stream left.
+    HIVEMESH_DECL void close_soon();
+
     asio::any_io_executor ex_;
     std::unique_ptr<detail::record_channel> channel_;
     crypto::peer_id remote_;
@@ -396,9 +411,12 @@ private:
     std::deque<stream_ptr> ready_;
     std::deque<std::shared_ptr<hivemesh::wakeup>> open_waiters_;
     std::deque<std::shared_ptr<hivemesh::wakeup>> settings_waiters_;
+    std::deque<std::shared_ptr<hivemesh::wakeup>> idle_waiters_;
     hivemesh::wakeup writer_wake_;
 
     bool closed_ = false;
+    bool goaway_sent_ = false;
+    bool goaway_received_ = false;
     std::error_code close_reason_;
     incoming_handler on_incoming_;
     closed_handler on_closed_;

@@ -56,6 +56,9 @@ struct node_options {
     /// to); when no connection qualifies the new one is kept anyway, so the limit never
     /// fails a call. For many nodes in one process, under the descriptor limit.
     std::size_t max_connections = 0;
+    /// How long close() lets the calls in flight finish (both ways) before it closes their
+    /// connections; 0 closes at once.
+    duration drain_timeout = 2s;
     /// Incoming connections still in their handshake at once; a connection past this is
     /// closed at once, so a flood of silent connections holds at most this many
     /// descriptors (each for at most dial_timeout).
@@ -301,9 +304,26 @@ public:
     /// Number of open connections.
     std::size_t connection_count() const;
 
-    /// Stops listening, closes every connection and fails pending calls with
-    /// connection_closed. Idempotent.
+    /// Stops listening and starts no call; new calls fail with connection_closed. Idle
+    /// connections close at once. The others get a goaway (their peers open nothing more
+    /// on them) and close once their calls in flight, both ways, have finished, or after
+    /// node_options::drain_timeout, which fails the calls still open with
+    /// connection_closed. Idempotent; the drain goes on after the node is destroyed.
     void close();
+
+    /// close(), then waits for the drain. Completion: void(std::error_code): success, or
+    /// timeout when calls were still open at drain_timeout (they failed); bounded by
+    /// drain_timeout. Cancellation (cancelled) ends only the wait, not the drain.
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code)) Token = default_token_t>
+    auto async_close(Token&& token = default_token_t{}) {
+        return asio::async_initiate<Token, void(std::error_code)>(
+            [this](auto handler) {
+                close();
+                co_launch(state_->executor, drained(state_), std::move(handler),
+                          "net::node::async_close");
+            },
+            token);
+    }
 
 private:
     struct pooled_connection {
@@ -347,6 +367,9 @@ private:
         timer_type sweep_timer;
         std::uint64_t use_clock = 0;
         bool closed = false;
+        std::size_t draining = 0; ///< connections close() is still draining
+        bool drain_cut = false;   ///< one of them still had calls at drain_timeout
+        std::vector<std::shared_ptr<wakeup>> drain_waiters;
     };
     using state_ptr = std::shared_ptr<state>;
 
@@ -386,6 +409,12 @@ private:
     static asio::awaitable<void> accept_loop(state_ptr st, std::shared_ptr<listening> l);
 
     static asio::awaitable<void> accept_one(state_ptr st, stream_type stream);
+
+    /// Waits until `connection` has no stream or drain_timeout passed, then closes it.
+    static asio::awaitable<void> drain(state_ptr st, std::shared_ptr<mux_connection> connection);
+
+    /// Completes when close()'s drain has ended; timeout if it had to cut calls.
+    static asio::awaitable<std::error_code> drained(state_ptr st);
 
     /// Closes connections that had no stream during a whole idle period.
     static asio::awaitable<void> sweep_idle(state_ptr st);

@@ -127,11 +127,11 @@ HIVEMESH_DECL void mux_connection::start(byte_buffer hello, incoming_handler on_
 }
 
 HIVEMESH_DECL asio::awaitable<std::error_code> mux_connection::open(mux_stream& out) {
-    while (!closed_ && local_streams_ >= peer_.max_streams) {
+    while (accepts_streams() && local_streams_ >= peer_.max_streams) {
         const std::error_code cancelled = co_await wait_in(open_waiters_);
         if (cancelled) co_return cancelled;
     }
-    if (closed_) co_return errc::connection_closed;
+    if (!accepts_streams()) co_return errc::connection_closed;
     const std::uint32_t id = next_local_id_;
     next_local_id_ += 2;
     auto state = std::make_shared<detail::stream_state>(ex_, id, peer_.initial_window);
@@ -342,8 +342,14 @@ HIVEMESH_DECL std::error_code mux_connection::dispatch(frame& f) {
         queue_control(std::move(pong));
         return {};
     }
-    case frame_type::pong:
     case frame_type::goaway:
+        // The peer opens and accepts nothing more: the streams under way finish, then the
+        // connection has no use left.
+        goaway_received_ = true;
+        wake_all(open_waiters_);
+        if (streams_.empty()) close_soon();
+        return {};
+    case frame_type::pong:
         return {};
     }
     return errc::protocol_violation;
@@ -374,7 +380,7 @@ HIVEMESH_DECL std::error_code mux_connection::on_data(const frame& f) {
         // window or settings): without the open flag this is late data for a stream
         // that already finished here, and is dropped.
         if ((f.flags & frame_flags::open) == 0) return {};
-        if (remote_streams_ >= options_.max_streams) {
+        if (remote_streams_ >= options_.max_streams || goaway_sent_) {
             queue_reset(f.stream, errc::refused);
             return {};
         }
@@ -573,6 +579,31 @@ HIVEMESH_DECL void mux_connection::finish(const stream_ptr& s, std::error_code f
     s->readable.notify();
     s->writable.notify();
     s->finished_signal.notify();
+    if (streams_.empty()) {
+        wake_all(idle_waiters_);
+        if (goaway_received_) close_soon();
+    }
+}
+
+HIVEMESH_DECL void mux_connection::go_away() {
+    if (closed_ || goaway_sent_) return;
+    goaway_sent_ = true;
+    byte_buffer frame;
+    binary_writer w(frame);
+    write_frame_header(w, frame_type::goaway, 0);
+    queue_control(std::move(frame));
+    wake_all(open_waiters_);
+}
+
+HIVEMESH_DECL asio::awaitable<void> mux_connection::until_idle() {
+    if (!closed_ && !streams_.empty()) co_await wait_in(idle_waiters_);
+}
+
+HIVEMESH_DECL void mux_connection::close_soon() {
+    // Posted: finish() and dispatch() run inside the read loop and the streams' callers.
+    asio::post(ex_, [self = shared_from_this()] {
+        if (self->streams_.empty()) self->close();
+    });
 }
 
 HIVEMESH_DECL asio::awaitable<std::error_code>
@@ -613,6 +644,7 @@ HIVEMESH_DECL void mux_connection::fail(std::error_code reason) {
     control_.clear();
     wake_all(open_waiters_);
     wake_all(settings_waiters_);
+    wake_all(idle_waiters_);
     channel_->close();
     writer_wake_.notify();
     if (on_closed_) {

@@ -59,10 +59,48 @@ void node<Transport>::close() {
     }
     st->listeners.clear();
     for (auto connections = st->connections; auto& [id, list] : connections)
-        for (auto& pooled : list)
-            pooled.connection->close();
-    st->connections.clear();
+        for (auto& pooled : list) {
+            const auto& connection = pooled.connection;
+            if (connection->stream_count() == 0 || st->options.drain_timeout <= duration::zero()) {
+                connection->close();
+                continue;
+            }
+            connection->go_away();
+            ++st->draining;
+            asio::co_spawn(st->executor, drain(st, connection), asio::detached);
+        }
     st->sweep_timer.cancel();
+}
+
+template <transport Transport>
+asio::awaitable<void> node<Transport>::drain(state_ptr st,
+                                             std::shared_ptr<mux_connection> connection) {
+    using namespace asio::experimental::awaitable_operators;
+    timer_type timer(st->executor);
+    timer.expires_after(st->options.drain_timeout);
+    co_await (connection->until_idle() ||
+              timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+    if (connection->stream_count() > 0) {
+        st->drain_cut = true;
+        log::debug("net", "drain cut ", connection->stream_count(), " stream(s) to ",
+                   connection->remote().short_string());
+    }
+    connection->close();
+    if (--st->draining == 0) {
+        for (auto& waiter : st->drain_waiters)
+            waiter->notify();
+        st->drain_waiters.clear();
+    }
+}
+
+template <transport Transport>
+asio::awaitable<std::error_code> node<Transport>::drained(state_ptr st) {
+    if (st->draining > 0) {
+        auto waiter = std::make_shared<wakeup>(st->executor);
+        st->drain_waiters.push_back(waiter);
+        co_await waiter->wait();
+    }
+    co_return st->drain_cut ? make_error_code(errc::timeout) : std::error_code{};
 }
 
 template <transport Transport>
@@ -71,7 +109,7 @@ std::shared_ptr<mux_connection> node<Transport>::find_connection(const state_ptr
     const auto it = st->connections.find(id);
     if (it == st->connections.end()) return nullptr;
     for (auto& pooled : it->second)
-        if (pooled.connection->is_open()) {
+        if (pooled.connection->accepts_streams()) {
             pooled.last_used = ++st->use_clock;
             return pooled.connection;
         }
