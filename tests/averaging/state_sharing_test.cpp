@@ -100,7 +100,7 @@ void kill(swarm<World>& s, std::size_t i) {
         s.world.network.crash(m.transport->node());
     } else {
         m.dht->close();
-        m.rpc->close();
+        m.rpc->close_now();
     }
 }
 

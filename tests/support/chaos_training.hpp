@@ -111,7 +111,7 @@ inline double seconds_of(duration d) {
 /// A uniform draw in [lo, hi].
 inline duration uniform_duration(random_generator& rng, duration lo, duration hi) {
     const auto span = static_cast<std::uint64_t>((hi - lo).count());
-    return lo + duration{static_cast<duration::rep>(span == 0 ? 0 : rng() % (span + 1))};
+    return lo + duration{static_cast<duration::rep>(rng.uniform(span + 1))};
 }
 
 class chaos_run {

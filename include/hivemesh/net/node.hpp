@@ -308,8 +308,12 @@ public:
     /// connections close at once. The others get a goaway (their peers open nothing more
     /// on them) and close once their calls in flight, both ways, have finished, or after
     /// node_options::drain_timeout, which fails the calls still open with
-    /// connection_closed. Idempotent; the drain goes on after the node is destroyed.
+    /// connection_closed. Idempotent. Destroying the node does close_now().
     void close();
+
+    /// close() without the drain: every connection closes at once, failing the calls in
+    /// flight with connection_closed (also those a close() was draining).
+    void close_now();
 
     /// close(), then waits for the drain. Completion: void(std::error_code): success, or
     /// timeout when calls were still open at drain_timeout (they failed); bounded by

@@ -15,7 +15,15 @@ node<Transport>::node(Transport& transport, crypto::identity identity, node_opti
 
 template <transport Transport>
 node<Transport>::~node() {
+    close_now(); // no drain past the node's life: what runs it (the executor) may go next
+}
+
+template <transport Transport>
+void node<Transport>::close_now() {
     close();
+    for (auto connections = state_->connections; auto& [id, list] : connections)
+        for (auto& pooled : list)
+            pooled.connection->close();
 }
 
 template <transport Transport>
