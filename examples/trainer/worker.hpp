@@ -344,7 +344,14 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
     phases.optimizer = std::max(0.0, step_seconds - phases.matchmaking - phases.allreduce -
                                          (phases.state_load - seconds_of(initial_load)));
     loop.done(optimizer.local_epoch(), phases, to_json(s));
-    optimizer.close();
+    // Leaves before the peer goes: the others stop counting this peer, asking it for state
+    // and grouping with it at once, not when its records expire. This thread is not the
+    // peer's io thread, so blocking on the future is safe. A failed withdrawal needs no
+    // report: the last peers to leave may find no replica, and their records then expire.
+    try {
+        optimizer.async_close(asio::use_future).get();
+    } catch (const std::system_error&) {
+    }
 }
 
 } // namespace detail

@@ -7,6 +7,9 @@
 #include <hivemesh/averaging/matchmaking.hpp>
 #include <hivemesh/core/binary.hpp>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -490,6 +493,62 @@ TEST_CASE("matchmaking: a declaration is its owner's: forged, overwriting, tombs
     REQUIRE(entry.dictionary.contains(victim));
     CHECK(entry.dictionary.at(victim).value.empty());
     CHECK(entry.dictionary.at(victim).expiration == withdrawn);
+}
+
+TEST_CASE("matchmaking: async_wait_withdrawals completes once a cancelled search's declaration "
+          "is withdrawn",
+          "[matchmaking][withdrawal]") {
+    matchmaking_swarm s(3, options_of(2, 4));
+    auto& d = s.dht;
+    auto& maker = *s.makers[0];
+    const auto key = bytes_of(maker.key_of(group_bits(0, 2)));
+    const auto marker = test::marker_of(d.members[0].rpc->identity());
+    const auto wait_withdrawals = [&] {
+        std::optional<std::error_code> done;
+        maker.async_wait_withdrawals([&](std::error_code ec) { done = ec; });
+        REQUIRE(d.world.run_until([&] { return done.has_value(); }, 60s));
+        return *done;
+    };
+
+    // None in flight: at once.
+    time_point started = d.world.now();
+    CHECK_FALSE(wait_withdrawals());
+    CHECK(d.world.now() == started);
+
+    // A search alone, cancelled once the others hold its declaration.
+    asio::cancellation_signal cancel;
+    std::optional<std::error_code> searched;
+    auto request = request_of(0);
+    request.window = 10s;
+    maker.async_find_group(
+        request, asio::bind_cancellation_slot(
+                     cancel.slot(), [&](std::error_code ec, group_type) { searched = ec; }));
+    d.world.network.time().run_for(1s);
+    for (std::size_t i : {1, 2}) {
+        const auto held_now = test::held(d, i, key, marker);
+        REQUIRE(held_now);
+        CHECK_FALSE(held_now->value.empty());
+    }
+    cancel.emit(asio::cancellation_type::all);
+    REQUIRE(d.world.run_until([&] { return searched.has_value(); }, 10s));
+    CHECK(*searched == errc::cancelled);
+    // The search has ended, its withdrawal has not landed yet.
+    for (std::size_t i : {1, 2})
+        CHECK_FALSE(test::held(d, i, key, marker)->value.empty());
+
+    // The wait ends once it has: every other node holds the empty value.
+    started = d.world.now();
+    CHECK_FALSE(wait_withdrawals());
+    CHECK(d.world.now() > started);
+    for (std::size_t i : {1, 2}) {
+        const auto held_now = test::held(d, i, key, marker);
+        REQUIRE(held_now);
+        CHECK(held_now->value.empty());
+    }
+    // And again, with none in flight: at once.
+    started = d.world.now();
+    CHECK_FALSE(wait_withdrawals());
+    CHECK(d.world.now() == started);
 }
 
 TEST_CASE("matchmaking: peers group as usual while an attacker floods their key with bogus "

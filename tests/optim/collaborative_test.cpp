@@ -307,6 +307,71 @@ void check_exact_epochs(const gradient_run& run) {
               std::vector<float>(first_size + second_size, 0.0f));
 }
 
+/// The subkey of `peer`'s records: its owner marker.
+byte_buffer marker_of(test::sim_peer& peer) {
+    return to_buffer(as_bytes(dht::owner_marker(peer.rpc().identity().public_key())));
+}
+
+/// How many peers other than `owner` hold a live record of `owner` under `key` (a value
+/// that has not expired and is not a tombstone).
+std::size_t live_held(sim_peers& peers, std::size_t owner, const std::string& key) {
+    const byte_buffer subkey = marker_of(peers.peers[owner]);
+    std::size_t holders = 0;
+    for (std::size_t i = 0; i < peers.peers.size(); ++i) {
+        if (i == owner) continue;
+        const auto entry =
+            peers.peers[i].dht().local_storage().get(dht::id::of_key(key), peers.now());
+        if (!entry) continue;
+        const auto it = entry->dictionary.find(subkey);
+        if (it != entry->dictionary.end() && !it->second.value.empty()) ++holders;
+    }
+    return holders;
+}
+
+/// What peer `reader` finds under `key` for `owner`'s marker with a DHT read (latest values):
+/// nullopt when nothing is there.
+std::optional<dht::stored_value> read_record(sim_peers& peers, std::size_t reader,
+                                             std::size_t owner, const std::string& key) {
+    dht::get_options options;
+    options.latest = true;
+    std::optional<std::error_code> done;
+    dht::key_entry entry;
+    peers.peers[reader].dht().async_get(as_bytes(key), options,
+                                        [&](std::error_code ec, dht::key_entry got) {
+                                            done = ec;
+                                            entry = std::move(got);
+                                        });
+    REQUIRE(peers.run_until([&] { return done.has_value(); }, 60s));
+    if (*done == errc::not_found) return std::nullopt;
+    REQUIRE_FALSE(*done);
+    const auto it = entry.dictionary.find(marker_of(peers.peers[owner]));
+    if (it == entry.dictionary.end()) return std::nullopt;
+    return it->second;
+}
+
+/// The DHT keys of run "run" under which a peer leaves records: progress, donors, and the
+/// matchmaking declarations of the gradient and state rounds.
+std::vector<std::string> run_keys() {
+    return {progress::progress_key("run"), averaging::donors_key("run"),
+            averaging::group_key("run_grads", averaging::group_bits()),
+            averaging::group_key("run", averaging::group_bits())};
+}
+
+/// Checks that no peer but `owner` holds a live record of it under `keys`, and that peer
+/// `reader` reads none there (a tombstone, or nothing).
+void check_withdrawn(sim_peers& peers, std::size_t owner, std::size_t reader,
+                     const std::vector<std::string>& keys) {
+    for (const auto& key : keys) {
+        INFO("key " << key);
+        CHECK(live_held(peers, owner, key) == 0);
+    }
+    for (const auto& key : keys) {
+        INFO("key " << key);
+        const auto found = read_record(peers, reader, owner, key);
+        CHECK((!found || found->value.empty()));
+    }
+}
+
 } // namespace
 
 TEST_CASE("two peers of uneven speed end every epoch with the samples-weighted gradient",
@@ -565,6 +630,137 @@ TEST_CASE("a peer killed mid-epoch does not stop the others", "[optim][collabora
     CHECK(a.epoch_ends[2].averaging.outcome == optim::round_outcome::averaged);
     CHECK(a.epoch_ends[2].averaging.group_size == 2);
     CHECK(a.model.values() == b.model.values());
+}
+
+TEST_CASE("a peer that leaves with async_close has withdrawn its progress and donor records "
+          "when it completes, and a second call completes at once",
+          "[optim][collaborative][sim][leave]") {
+    collaborative_swarm swarm(31);
+    for (const auto interval : {100ms, 170ms, 230ms, 130ms})
+        swarm.add(run_options(1024, 4), plain_sgd(0.5), interval).last_epoch = 2;
+    swarm.wait_until_all_seen(4);
+    swarm.run();
+    auto& peers = swarm.peers;
+    constexpr std::size_t leaver = 3;
+    const auto keys = run_keys();
+    // It trained and serves: the three others hold its progress and donor records.
+    REQUIRE(swarm.trainers[leaver].optimizer->local_epoch() == 2);
+    CHECK(live_held(peers, leaver, keys[0]) == 3);
+    CHECK(live_held(peers, leaver, keys[1]) == 3);
+
+    auto& optimizer = *swarm.trainers[leaver].optimizer;
+    std::optional<std::error_code> closed;
+    std::optional<std::error_code> again;
+    const time_point start = peers.now();
+    optimizer.async_close([&](std::error_code ec) { closed = ec; });
+    optimizer.async_close([&](std::error_code ec) { again = ec; });
+    // The second completes at once, while the first still waits for its stores.
+    REQUIRE(peers.run_until([&] { return again.has_value(); }, 60s));
+    CHECK_FALSE(*again);
+    CHECK(peers.now() == start);
+    CHECK_FALSE(closed.has_value());
+    REQUIRE(peers.run_until([&] { return closed.has_value(); }, 60s));
+    CHECK_FALSE(*closed);
+    CHECK(peers.now() > start);
+    // At that instant no replica holds a live record of it, and another peer reads none.
+    check_withdrawn(peers, leaver, 0, keys);
+}
+
+namespace {
+
+/// Four nodes (and an aux peer, with `aux_leaves`) train; the last peer, once its round
+/// scheduled ahead has declared it (stored on the others), stops training and leaves with
+/// async_close. When that completes, its declaration and records are withdrawn. An aux peer
+/// has no progress or donor record: only the withdrawal of its declarations is waited for.
+void check_leaving_mid_matchmaking(bool aux_leaves, std::uint64_t seed) {
+    collaborative_swarm swarm(seed);
+    for (const auto interval : {100ms, 170ms, 230ms, 130ms})
+        swarm.add(run_options(1024, 5), plain_sgd(0.5), interval);
+    if (aux_leaves) {
+        auto options = run_options(1024, 5);
+        options.role = averaging::member_role::aux;
+        swarm.add(options, plain_sgd(0.5), 100ms);
+    }
+    auto& peers = swarm.peers;
+    const std::size_t leaver = swarm.trainers.size() - 1;
+    const std::size_t others = leaver;
+    const auto keys = run_keys();
+    const std::string& declarations = keys[2]; // the gradient rounds'
+    std::optional<std::error_code> closed;
+    std::size_t declared_when_closing = 0;
+    std::uint64_t epoch_when_closing = 0;
+    swarm.trainers[leaver].after_step = [&](trainer& t, const optim::step_report& r) {
+        if (t.last_epoch == 0) return;
+        declared_when_closing = live_held(peers, leaver, declarations);
+        if (declared_when_closing == 0) return;
+        epoch_when_closing = r.epoch;
+        t.last_epoch = 0; // its loop ends here
+        t.optimizer->async_close([&](std::error_code ec) { closed = ec; });
+    };
+    swarm.wait_until_all_seen(4);
+    for (auto& t : swarm.trainers)
+        swarm.start(t);
+    REQUIRE(peers.run_until([&] { return closed.has_value(); }, 600s));
+    CHECK_FALSE(*closed);
+    CHECK(declared_when_closing == others);
+    CHECK(epoch_when_closing == 0);
+    check_withdrawn(peers, leaver, 0, keys);
+
+    // The others stop after their current step.
+    for (auto& t : swarm.trainers)
+        t.last_epoch = 0;
+    REQUIRE(peers.run_until(
+        [&] {
+            return std::none_of(swarm.trainers.begin(), swarm.trainers.end(),
+                                [](const trainer& t) { return t.running; });
+        },
+        600s));
+}
+
+} // namespace
+
+TEST_CASE("a peer that leaves with async_close while its round looks for a group has "
+          "withdrawn its declaration and records when it completes",
+          "[optim][collaborative][sim][leave]") {
+    check_leaving_mid_matchmaking(false, 32);
+}
+
+TEST_CASE("an aux peer that leaves with async_close while its round looks for a group has "
+          "withdrawn its declaration when it completes",
+          "[optim][collaborative][sim][leave]") {
+    check_leaving_mid_matchmaking(true, 34);
+}
+
+TEST_CASE("async_close of an optimizer that never published completes with success",
+          "[optim][collaborative][sim][leave]") {
+    sim_peers peers(33);
+    auto& first = peers.add_peer();
+    auto& second = peers.add_peer();
+    quadratic_model model;
+    const auto keys = run_keys();
+
+    // An aux peer publishes no progress record and serves nothing: nothing to wait for.
+    auto aux_options = run_options(256, 2);
+    aux_options.role = averaging::member_role::aux;
+    sim_optimizer aux(first, model.parameters(), plain_sgd(0.1), aux_options);
+    std::optional<std::error_code> aux_closed;
+    const time_point start = peers.now();
+    aux.async_close([&](std::error_code ec) { aux_closed = ec; });
+    REQUIRE(peers.run_until([&] { return aux_closed.has_value(); }, 10s));
+    CHECK_FALSE(*aux_closed);
+    CHECK(peers.now() == start);
+
+    // A node closed before its first record went out: success, and nothing of it stays live.
+    quadratic_model other_model(1);
+    sim_optimizer node(second, other_model.parameters(), plain_sgd(0.1), run_options(256, 2));
+    std::optional<std::error_code> node_closed;
+    node.async_close([&](std::error_code ec) { node_closed = ec; });
+    REQUIRE(peers.run_until([&] { return node_closed.has_value(); }, 60s));
+    CHECK_FALSE(*node_closed);
+    check_withdrawn(peers, 1, 0, keys);
+    peers.run_for(5s);
+    for (const auto& key : keys)
+        CHECK(live_held(peers, 1, key) == 0);
 }
 
 TEST_CASE("short epochs with the default options: each epoch's group is ready when the epoch "

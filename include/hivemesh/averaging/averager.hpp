@@ -186,6 +186,19 @@ public:
     /// node's io thread, else the step's error).
     step_result step(double weight = 1.0);
 
+    /// Waits until none of the withdrawals of this averager's matchmaking declarations (sent
+    /// when a step's matchmaking ends before its window, a cancelled step's too) is in
+    /// flight, e.g. before a peer that leaves goes: cancel the steps and let them complete
+    /// first, so that their withdrawals have started. Completes at once if none is in flight;
+    /// bounded by the DHT's request timeouts. Completion: void(std::error_code): the first
+    /// error of the withdrawals it waited for (store_refused when no replica took one: the
+    /// declaration then expires by itself), or cancelled (the token's cancellation slot,
+    /// emitted on the node's executor; the withdrawals go on).
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code)) Token = default_token_t>
+    auto async_wait_withdrawals(Token&& token = default_token_t{}) {
+        return matchmaker_.async_wait_withdrawals(std::forward<Token>(token));
+    }
+
     /// Serves our state to newcomers, advertised with `priority` (higher is preferred, e.g.
     /// the epoch). `provider` is called for each download, on the compute executor if the
     /// averager has one, else on the node's executor.

@@ -33,6 +33,7 @@
 #include "hivemesh/net/node.hpp"
 
 #include <asio/async_result.hpp>
+#include <asio/bind_executor.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <sodium.h>
@@ -155,8 +156,33 @@ public:
             token, std::move(request));
     }
 
+    /// Waits until none of this matchmaker's withdrawals (the empty values that withdraw a
+    /// declaration when a search ends before its expiration, stopped or cancelled ones too)
+    /// is in flight: completes at once if none is. Bounded by the DHT's request timeouts,
+    /// which bound each withdrawal. Completion: void(std::error_code): the first error of the
+    /// withdrawals that completed while it waited (store_refused when no replica took one:
+    /// the declaration then expires by itself), or cancelled (the token's cancellation slot,
+    /// emitted on the node's executor; the withdrawals go on).
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code)) Token = default_token_t>
+    auto async_wait_withdrawals(Token&& token = default_token_t{}) {
+        return asio::async_initiate<Token, void(std::error_code)>(
+            [st = state_](auto handler) {
+                co_launch(st->executor, wait_withdrawals(st), std::move(handler),
+                          "averaging::matchmaker::async_wait_withdrawals");
+            },
+            token);
+    }
+
 private:
     struct attempt;
+
+    /// One async_wait_withdrawals waiting.
+    struct withdrawal_waiter {
+        explicit withdrawal_waiter(const asio::any_io_executor& ex)
+            : none_left(ex) {}
+        std::error_code first_error;
+        wakeup none_left;
+    };
 
     struct state {
         state(rpc_node_type& r, dht_node_type& d, std::optional<endpoint_type> a,
@@ -175,6 +201,8 @@ private:
         byte_buffer own_subkey; ///< our owner marker: the subkey of our declarations
         std::shared_ptr<attempt> current;
         std::uint64_t searches = 0;
+        std::size_t withdrawals = 0; ///< in flight
+        std::vector<std::shared_ptr<withdrawal_waiter>> withdrawal_waiters;
 
         time_point now() const { return net::transport_now<Transport>(executor); }
         member_wire self(const match_request& r) const {
@@ -369,14 +397,39 @@ private:
         if (ec) log::debug("matchmaking", "declaration under ", a.key, ": ", ec.message());
     }
 
-    /// Starts withdrawing our declaration (an empty value, strictly later) without waiting.
-    /// A next search whose declaration expires later still wins whichever store lands first.
+    /// Starts withdrawing our declaration (an empty value, strictly later) without waiting;
+    /// counted until it completes, for async_wait_withdrawals. A next search whose
+    /// declaration expires later still wins whichever store lands first.
     static void withdraw(const state_ptr& st, const attempt& a) {
+        ++st->withdrawals;
         st->dht->async_store(
             as_bytes(a.key), st->own_subkey, byte_view{}, a.expiration + duration(1),
-            [key = a.key](std::error_code ec, dht::store_outcome) {
+            asio::bind_executor(st->executor, [weak = std::weak_ptr<state>(st), key = a.key](
+                                                  std::error_code ec, dht::store_outcome) {
                 if (ec) log::debug("matchmaking", "withdrawal under ", key, ": ", ec.message());
-            });
+                if (auto alive = weak.lock()) withdrawn(*alive, ec);
+            }));
+    }
+
+    /// A withdrawal completed: tells the waiters its error, and wakes them when it was the
+    /// last one in flight.
+    static void withdrawn(state& st, std::error_code ec) {
+        for (const auto& w : st.withdrawal_waiters)
+            if (ec && !w->first_error) w->first_error = ec;
+        if (--st.withdrawals != 0) return;
+        for (const auto& w : std::exchange(st.withdrawal_waiters, {}))
+            w->none_left.notify();
+    }
+
+    static asio::awaitable<std::error_code> wait_withdrawals(state_ptr st) {
+        if (st->withdrawals == 0) co_return std::error_code{};
+        auto waiter = std::make_shared<withdrawal_waiter>(st->executor);
+        st->withdrawal_waiters.push_back(waiter);
+        if (auto cancelled = co_await waiter->none_left.wait()) {
+            std::erase(st->withdrawal_waiters, waiter);
+            co_return make_error_code(errc::cancelled);
+        }
+        co_return waiter->first_error;
     }
 
     /// The declared peers that could lead us, earliest first. Skips subkeys that are not one

@@ -331,10 +331,34 @@ public:
     const std::vector<parameter>& parameters() const noexcept { return state_->params; }
     progress::tracker<Transport>& tracker() noexcept { return state_->tracker; }
 
-    /// Stops: withdraws the progress record and the donor record, and cancels the rounds
-    /// scheduled ahead. A step running on completes with what it has; a delayed update in
-    /// the background no longer reads the parameters once this returns. Idempotent.
+    /// Stops: starts withdrawing the progress record and the donor record, and cancels the
+    /// rounds scheduled ahead (and a delayed round in the background), without waiting for
+    /// any of it (async_close waits). A step running on completes with what it has; a delayed
+    /// update in the background no longer reads the parameters once this returns.
+    /// Idempotent. Any thread.
     void close();
+
+    /// Leaves the swarm: does what close() does, then waits until the rounds it cancelled
+    /// have ended, and until the tombstones of the progress record and the donor record and
+    /// the withdrawals of every matchmaking declaration the optimizer's rounds made have
+    /// completed (stored or failed), so that the others see this peer leave at once rather
+    /// than when its records expire. Completion: void(std::error_code), the first error of
+    /// those stores in that order (store_refused when no replica took one: that record then
+    /// expires by itself), or success. A round that a step still running waits for is
+    /// neither cancelled nor waited for: call it between steps. Idempotent: after close() or
+    /// another async_close it completes at once with no error. Not cancellable: it completes
+    /// within the rounds' and the DHT's own timeouts. Call it while the peer (and its DHT
+    /// node) runs: the stores start here and complete on the peer's executor, so the peer
+    /// must outlive the operation; the optimizer need not. Any thread.
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code)) Token = default_token_t>
+    auto async_close(Token&& token = default_token_t{}) {
+        return asio::async_initiate<Token, void(std::error_code)>(
+            [st = state_](auto handler) {
+                close_and_wait(
+                    st, erased_handler<void(std::error_code)>(std::move(handler), st->executor));
+            },
+            token);
+    }
 
 private:
     /// An averaging step started ahead of its trigger.
@@ -364,6 +388,16 @@ private:
         bool dropped = false; ///< load_state discards it
         round_report report;
     };
+
+    /// The results of the tombstone stores async_close waits for, set on the executor.
+    struct closing {
+        explicit closing(const asio::any_io_executor& ex)
+            : stored(ex) {}
+        std::optional<std::error_code> progress_record;
+        std::optional<std::error_code> donor_record;
+        wakeup stored;
+    };
+    using closing_ptr = std::shared_ptr<closing>;
 
     /// The snapshot donors serve; swapped at each epoch.
     struct served_state {
@@ -433,6 +467,8 @@ private:
         /// Held while the background step reads the parameters outside a step; close() takes
         /// it, so none does once the optimizer (which they need only outlive) is gone.
         std::mutex background_mutex;
+        /// Notified whenever a scheduled or delayed round ends, for async_close (the executor's).
+        std::shared_ptr<wakeup> round_ended;
     };
     using shared_ptr = std::shared_ptr<shared>;
 
@@ -497,6 +533,22 @@ private:
     /// Cancels a scheduled round and waits for it to end.
     static asio::awaitable<void> abandon(pending_ptr& pending);
     static void count(shared& st, const round_report& r);
+
+    // ---- closing (impl/collaborative_state.hpp) ------------------------------------------
+
+    /// close()'s work on the caller's thread: marks the optimizer closed, waits out the
+    /// background step's read of the parameters and starts the tracker's tombstone (its
+    /// result into `waiting`, if any). False if it was closed already.
+    static bool begin_close(const shared_ptr& st, const closing_ptr& waiting);
+    /// close()'s work on the executor: cancel_rounds, and starts the donor's tombstone (its
+    /// result into `waiting`, if any).
+    static void stop_on_executor(shared& st, const closing_ptr& waiting);
+    /// Cancels the rounds still running (scheduled ahead, or the delayed one's); true while
+    /// one of them, or the delayed update, has not ended. Repeatable.
+    static bool cancel_rounds(shared& st);
+    /// async_close: begin_close, then close_rest on the executor, then `handler`.
+    static void close_and_wait(const shared_ptr& st, erased_handler<void(std::error_code)> handler);
+    static asio::awaitable<std::error_code> close_rest(shared_ptr st, closing_ptr waiting);
 
     // ---- state (impl/collaborative_state.hpp) --------------------------------------------
 

@@ -35,6 +35,10 @@ collaborative_optimizer<Transport>::run_delayed(shared_ptr st, std::shared_ptr<d
             if (alone) {
                 co_await abandon(st->scheduled_round);
                 d->report = {round_outcome::alone, {}, 1, 0.0};
+            } else if (st->closed && (!st->scheduled_round || st->scheduled_round->done)) {
+                // Closed before it began: no new search, which close would not wait for.
+                d->report = {round_outcome::failed, make_error_code(errc::cancelled), 0, 0.0};
+                d->dropped = true;
             } else {
                 auto pending = std::exchange(st->scheduled_round, nullptr);
                 if (!pending || pending->done) pending = schedule(*st, *st->rounds, d->epoch);
@@ -70,6 +74,7 @@ collaborative_optimizer<Transport>::run_delayed(shared_ptr st, std::shared_ptr<d
     }
     d->done = true;
     d->finished.notify();
+    st->round_ended->notify();
 }
 
 template <net::transport Transport>

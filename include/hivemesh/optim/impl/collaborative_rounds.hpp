@@ -26,13 +26,15 @@ auto collaborative_optimizer<Transport>::schedule(shared& st, averager_type& ave
     pending->control = averager.make_control(detail::round_tag(epoch), expected);
     averager.async_scheduled_step(
         pending->control,
-        asio::bind_cancellation_slot(pending->cancel.slot(),
-                                     [pending](std::error_code ec, averaging::step_result r) {
-                                         pending->done = true;
-                                         pending->error = ec;
-                                         pending->result = std::move(r);
-                                         pending->finished.notify();
-                                     }));
+        asio::bind_cancellation_slot(
+            pending->cancel.slot(),
+            [pending, ended = st.round_ended](std::error_code ec, averaging::step_result r) {
+                pending->done = true;
+                pending->error = ec;
+                pending->result = std::move(r);
+                pending->finished.notify();
+                ended->notify();
+            }));
     return pending;
 }
 

@@ -30,14 +30,16 @@ collaborative_optimizer<Transport>::shared::shared(peer_type& peer, std::vector<
     , role(r)
     , params(std::move(p))
     , local(std::move(optimizer))
-    , tracker(peer, [&] {
-        progress::tracker_options t = options.tracking;
-        t.run_id = options.run_id;
-        t.target_batch_size = options.target_batch_size;
-        t.client = r == averaging::member_role::client;
-        t.reports_samples = r != averaging::member_role::aux;
-        return t;
-    }()) {}
+    , tracker(peer,
+              [&] {
+                  progress::tracker_options t = options.tracking;
+                  t.run_id = options.run_id;
+                  t.target_batch_size = options.target_batch_size;
+                  t.client = r == averaging::member_role::client;
+                  t.reports_samples = r != averaging::member_role::aux;
+                  return t;
+              }())
+    , round_ended(std::make_shared<wakeup>(executor)) {}
 
 template <net::transport Transport>
 collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
@@ -140,19 +142,102 @@ collaborative_optimizer<Transport>::~collaborative_optimizer() {
 
 template <net::transport Transport>
 void collaborative_optimizer<Transport>::close() {
-    if (state_->closed.exchange(true)) return;
-    // Waits out the background step's read of the parameters; none starts after this.
-    { const std::lock_guard lock(state_->background_mutex); }
-    state_->tracker.close();
+    if (!begin_close(state_, nullptr)) return;
     // The rest on the executor: the scheduled rounds' signals and the server are its alone.
-    asio::post(state_->executor, [st = state_] {
-        for (auto* pending : {&st->scheduled_round, &st->scheduled_state})
-            if (*pending && !(*pending)->done)
-                (*pending)->cancel.emit(asio::cancellation_type::all);
-        if (const auto& d = st->delayed_round; d && d->round && !d->round->done)
-            d->round->cancel.emit(asio::cancellation_type::all);
-        if (auto* server = st->state->state_server_ptr()) server->stop();
+    asio::post(state_->executor, [st = state_] { stop_on_executor(*st, nullptr); });
+}
+
+template <net::transport Transport>
+bool collaborative_optimizer<Transport>::begin_close(const shared_ptr& st,
+                                                     const closing_ptr& waiting) {
+    if (st->closed.exchange(true)) return false;
+    // Waits out the background step's read of the parameters; none starts after this.
+    { const std::lock_guard lock(st->background_mutex); }
+    // Started here, while the caller knows the peer runs; completes on its executor.
+    if (waiting)
+        st->tracker.async_close([waiting](std::error_code ec) {
+            waiting->progress_record = ec;
+            waiting->stored.notify();
+        });
+    else
+        st->tracker.close();
+    return true;
+}
+
+template <net::transport Transport>
+void collaborative_optimizer<Transport>::stop_on_executor(shared& st, const closing_ptr& waiting) {
+    cancel_rounds(st);
+    auto* server = st.state->state_server_ptr();
+    if (!waiting) {
+        if (server) server->stop();
+        return;
+    }
+    if (!server) {
+        waiting->donor_record = std::error_code{};
+        return;
+    }
+    server->async_stop([waiting](std::error_code ec) {
+        waiting->donor_record = ec;
+        waiting->stored.notify();
     });
+}
+
+template <net::transport Transport>
+bool collaborative_optimizer<Transport>::cancel_rounds(shared& st) {
+    bool running = false;
+    // Emitting again while a round winds down only repeats the request.
+    const auto cancel = [&](const pending_ptr& pending) {
+        if (!pending || pending->done) return;
+        pending->cancel.emit(asio::cancellation_type::all);
+        running = true;
+    };
+    cancel(st.scheduled_round);
+    cancel(st.scheduled_state);
+    if (const auto& d = st.delayed_round; d && !d->done) {
+        cancel(d->round);
+        running = true;
+    }
+    return running;
+}
+
+template <net::transport Transport>
+void collaborative_optimizer<Transport>::close_and_wait(
+    const shared_ptr& st, erased_handler<void(std::error_code)> handler) {
+    auto waiting = std::make_shared<closing>(st->executor);
+    if (!begin_close(st, waiting)) {
+        asio::post(st->executor, [handler = std::move(handler)]() mutable {
+            std::move(handler)(std::error_code{});
+        });
+        return;
+    }
+    // Not cancellable: the handler's slot is not passed on.
+    co_launch(
+        st->executor, close_rest(st, std::move(waiting)),
+        [handler = std::move(handler)](std::error_code ec) mutable { std::move(handler)(ec); },
+        "optim::collaborative_optimizer::async_close");
+}
+
+template <net::transport Transport>
+asio::awaitable<std::error_code>
+collaborative_optimizer<Transport>::close_rest(shared_ptr st, closing_ptr waiting) {
+    stop_on_executor(*st, waiting);
+    // A cancelled round withdraws its matchmaking declaration as its search ends, so the
+    // withdrawals are all counted once the rounds have ended. Cancelled again at each
+    // wake-up: the delayed update may only now have started its round.
+    while (cancel_rounds(*st))
+        co_await st->round_ended->wait();
+    std::error_code withdrawals;
+    for (auto* averager : {st->rounds.get(), st->state.get()}) {
+        if (!averager) continue;
+        auto [ec] = co_await averager->async_wait_withdrawals();
+        if (!withdrawals) withdrawals = ec;
+    }
+    while (!waiting->progress_record || !waiting->donor_record)
+        co_await waiting->stored.wait();
+    for (const std::error_code ec :
+         {*waiting->progress_record, *waiting->donor_record, withdrawals})
+        if (ec) co_return ec;
+    co_return std::error_code{};
 }
 
 template <net::transport Transport>
