@@ -9,6 +9,8 @@
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -634,6 +636,161 @@ TEST_CASE("matchmaking: peers group as usual while an attacker floods their key 
             CHECK(honest.contains(m.peer.id));
     CHECK(d.world.network.statistics().connections_refused == refused_before);
     WARN("grouped " << (d.world.now() - t0).count() / 1'000'000 << " ms after the flood");
+}
+
+namespace {
+
+/// How the bogus join requests of a flood ended, as their senders saw them.
+struct join_flood_tally {
+    std::size_t finished = 0;
+    std::size_t refused = 0;   ///< errc::refused: the leader held max_pending_joins
+    std::size_t timed_out = 0; ///< a silent request, held until the leader's join_timeout
+    std::map<averaging::join_status, std::size_t> answered;
+    std::size_t other = 0;
+};
+
+/// One bogus join request from `from` to `leader`: `request` written (none: silent), then
+/// the first message or status read.
+asio::awaitable<void> bogus_join(net::node<net::sim::transport>& from,
+                                 net::node<net::sim::transport>::peer leader, std::string method,
+                                 std::optional<byte_buffer> request, join_flood_tally& tally) {
+    net::call_stream stream;
+    auto ec = co_await from.open_call(leader, std::move(method), 30s, stream);
+    if (!ec && request) {
+        // A leader that refused before reading may have ended the stream: what matters is
+        // the status the read returns.
+        const auto written = co_await stream.write(std::move(*request));
+        (void)written;
+    }
+    byte_buffer message;
+    if (!ec) ec = co_await stream.read(message);
+    averaging::join_response response;
+    if (ec == errc::refused)
+        ++tally.refused;
+    else if (ec == errc::timeout)
+        ++tally.timed_out;
+    else if (!ec && !averaging::decode(message, response))
+        ++tally.answered[response.status];
+    else
+        ++tally.other;
+    ++tally.finished;
+}
+
+} // namespace
+
+TEST_CASE("matchmaking: a leader flooded with 10,000 bogus join requests serves at most "
+          "max_pending_joins at once, refuses the rest with refused, and 4 peers still group",
+          "[matchmaking][protection][overload]") {
+    auto options = options_of(2, 4);
+    CHECK(options.max_pending_joins == 64);
+    matchmaking_swarm s(4, options);
+    auto& d = s.dht;
+    constexpr std::size_t sybils = 8, per_sybil = 1250;
+    std::vector<std::size_t> sybil_members;
+    for (std::size_t n = 0; n < sybils; ++n) {
+        d.add_rpc(random_identity(7000 + n)); // an identity of its own; serves nothing
+        sybil_members.push_back(d.members.size() - 1);
+    }
+    const auto key = s.makers[0]->key_of(group_bits(0, 2));
+    const std::string method = options.prefix + ".join";
+    const auto window = 15s;
+
+    // Peer 0 starts first, so it comes first in the order: the others ask it to lead.
+    auto first = request_of(0);
+    first.window = window;
+    s.start(0, first);
+    d.world.network.time().run_for(500ms);
+
+    // The flood, in four kinds: silent (the call opens and nothing comes), garbage, another
+    // schema, and a declaration that has already expired. Each sybil has one connection to
+    // the leader, which takes 128 streams from it at once.
+    join_flood_tally tally;
+    const auto now = d.world.now();
+    for (std::size_t n = 0; n < sybils; ++n) {
+        auto& sybil = *d.members[sybil_members[n]].rpc;
+        for (std::size_t k = 0; k < per_sybil; ++k) {
+            std::optional<byte_buffer> request;
+            averaging::join_request valid{
+                7, key, now + 10s,
+                averaging::member_wire{member_role::node,
+                                       1.0,
+                                       net::sim::transport::to_address(d.members[0].endpoint),
+                                       {}}};
+            switch (k % 4) {
+            case 0:
+                break;
+            case 1:
+                request = random_bytes(40, k);
+                break;
+            case 2:
+                valid.schema_hash = 8;
+                request = averaging::encode(valid);
+                break;
+            default:
+                valid.expiration = now - 1s;
+                request = averaging::encode(valid);
+                break;
+            }
+            asio::co_spawn(
+                sybil.get_executor(),
+                bogus_join(sybil, d.members[0].address(), method, std::move(request), tally),
+                asio::detached);
+        }
+    }
+    for (std::size_t i = 1; i < 4; ++i) {
+        auto r = request_of(i);
+        r.window = window;
+        s.start(i, r);
+    }
+    const std::size_t flood = sybils * per_sybil;
+    REQUIRE(d.world.run_until([&] { return tally.finished == flood; }, 3600s));
+    std::set<crypto::peer_id> honest;
+    for (std::size_t i = 0; i < 4; ++i)
+        honest.insert(d.members[i].rpc->id());
+    const auto groups = s.wait_for_groups(1, 4);
+    REQUIRE(groups.size() == 1);
+    const auto& members = groups.begin()->second.members;
+    CHECK(members.front().peer.id == d.members[0].rpc->id());
+    for (const auto& m : members)
+        CHECK(honest.contains(m.peer.id));
+
+    // Every bogus request got a typed answer: refused at the cap, or, served within it,
+    // the timeout of a silent one or the join status its request deserves.
+    CHECK(tally.other == 0);
+    const std::size_t quarter = flood / 4;
+    CHECK(tally.refused + tally.timed_out + tally.answered[averaging::join_status::bad_request] +
+              tally.answered[averaging::join_status::bad_schema_hash] +
+              tally.answered[averaging::join_status::not_declared] ==
+          flood);
+    CHECK(tally.answered.size() <= 3);
+    CHECK(tally.timed_out <= quarter);
+    CHECK(tally.refused > flood / 2);
+
+    const auto& leader = s.makers[0]->statistics();
+    CHECK(leader.peak_pending_joins == options.max_pending_joins);
+    CHECK(leader.pending_joins == 0);
+    CHECK(leader.joins_accepted == 3);
+    // The leader's refusals are exactly those the sybils saw and those the real peers saw.
+    std::uint64_t real_refused = 0, real_sent = 0;
+    for (std::size_t i = 1; i < 4; ++i) {
+        const auto& follower = s.makers[i]->statistics();
+        CHECK(follower.joins_refused == 0);
+        CHECK(follower.peak_pending_joins < options.max_pending_joins);
+        real_refused += follower.requests_refused;
+        real_sent += follower.requests_sent;
+    }
+    CHECK(leader.requests_sent == 0);
+    CHECK(leader.joins_refused == tally.refused + real_refused);
+    const std::uint64_t bogus_served = flood - tally.refused;
+    CHECK(leader.joins_served >= bogus_served + 3);
+    CHECK(leader.joins_served <= bogus_served + real_sent - real_refused);
+    WARN("grouped "
+         << std::chrono::duration_cast<std::chrono::milliseconds>(d.world.now() - now).count()
+         << " ms after the flood began; " << tally.refused << " bogus and " << real_refused
+         << " real requests refused");
+    // Nothing left in flight when the nodes close: a node destroyed while it drains calls,
+    // and then its io_context, crash at the io_context's shutdown (net::node's drain).
+    d.world.network.time().run_for(3s);
 }
 
 TEST_CASE("matchmaking wire: exact bytes, canonical round trips, hostile input refused",

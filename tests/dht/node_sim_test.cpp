@@ -251,3 +251,143 @@ TEST_CASE("a key is handed to a new node that becomes its nearest", "[dht][sim]"
         handoffs += m.dht->statistics().handoffs;
     CHECK(handoffs >= 1);
 }
+
+namespace {
+
+/// How the requests of a store flood ended, as their sender saw them.
+struct store_flood_tally {
+    std::size_t finished = 0;
+    std::size_t rate_limited = 0;
+    std::size_t stored = 0;       ///< answered, the item stored
+    std::size_t storage_full = 0; ///< answered, the item refused: the storage is full
+    std::size_t other = 0;
+    time_point last_answer{};
+};
+
+} // namespace
+
+TEST_CASE("a flood of 10,000 bogus stores is refused with rate_limited past each sender's "
+          "allowance and counted, the storage stays within its limit, and a real peer's store "
+          "and get succeed",
+          "[dht][sim][overload]") {
+    sim_swarm s;
+    s.options.maintenance_period = 0s; // nothing in the background: only the flood counts
+    s.options.storage.max_total_bytes = 256u << 10;
+    CHECK(s.options.requests_per_second == 500);
+    CHECK(s.options.request_burst == 1000);
+    build(s, 8);
+    auto& victim = s.members[0];
+    REQUIRE(victim.dht->local_storage().bytes_used() == 0);
+    // Four peers send valid stores of junk straight to the victim, a fifth sends garbage.
+    constexpr std::size_t senders = 5, per_sender = 2000;
+    std::vector<std::size_t> attackers;
+    for (std::size_t n = 0; n < senders; ++n) {
+        s.add_rpc(test::random_identity(6000 + n));
+        attackers.push_back(s.members.size() - 1);
+    }
+    const auto before = victim.dht->statistics();
+    const auto t0 = s.world.now();
+    const auto junk = [&](std::size_t n, std::size_t k) {
+        return dht::record{.key = to_buffer(as_bytes("junk/" + std::to_string(n) + "/" +
+                                                     std::to_string(10'000 + k))),
+                           .subkey = std::nullopt,
+                           .value = test::random_bytes(200, k),
+                           .expiration = t0 + 4min,
+                           .signature = {}};
+    };
+    const std::size_t item_size = dht::storage::accounted_size(junk(0, 0));
+    std::vector<store_flood_tally> tallies(senders);
+    for (std::size_t n = 0; n < senders; ++n)
+        for (std::size_t k = 0; k < per_sender; ++k) {
+            dht::store_request request;
+            request.items.push_back({.item = junk(n, k), .in_cache = false});
+            auto bytes = n + 1 < senders ? dht::encode(request) : test::random_bytes(60, k);
+            auto& tally = tallies[n];
+            s.members[attackers[n]].rpc->async_call(
+                victim.address(), "dht.store", std::move(bytes), 30s,
+                [&s, &tally](std::error_code ec, byte_buffer raw) {
+                    dht::store_response response;
+                    if (ec == errc::rate_limited)
+                        ++tally.rate_limited;
+                    else if (!ec && !dht::decode(raw, response) && response.statuses.size() == 1 &&
+                             response.statuses[0] == dht::store_status::stored)
+                        ++tally.stored;
+                    else if (!ec && response.statuses.size() == 1 &&
+                             response.statuses[0] == dht::store_status::storage_full)
+                        ++tally.storage_full;
+                    else
+                        ++tally.other;
+                    ++tally.finished;
+                    tally.last_answer = s.world.now();
+                });
+        }
+    REQUIRE(s.world.run_until([&] {
+        return std::all_of(tallies.begin(), tallies.end(),
+                           [](const auto& t) { return t.finished == per_sender; });
+    }));
+    const auto after = victim.dht->statistics();
+
+    // Each valid sender got at least its burst (a one-item store costs 2: the request and
+    // the item), and at most what its bucket refilled while the flood lasted; the rest was
+    // refused with rate_limited.
+    std::size_t answered = 0, limited = 0, stored = 0;
+    for (std::size_t n = 0; n + 1 < senders; ++n) {
+        const auto& t = tallies[n];
+        INFO("sender " << n);
+        const double lasted = std::chrono::duration<double>(t.last_answer - t0).count();
+        const std::size_t ok = t.stored + t.storage_full;
+        CHECK(t.other == 0);
+        CHECK(ok + t.rate_limited == per_sender);
+        CHECK(ok >= 500);
+        CHECK(static_cast<double>(ok) <= (1000 + 500 * lasted) / 2);
+        answered += ok;
+        limited += t.rate_limited;
+        stored += t.stored;
+    }
+    // The garbage sender: its first request is malformed, and its penalty refuses the rest.
+    CHECK(tallies.back().rate_limited == per_sender - 1);
+    CHECK(tallies.back().other == 1);
+    limited += tallies.back().rate_limited;
+    CHECK(after.requests_rate_limited - before.requests_rate_limited == limited);
+    CHECK(after.requests_malformed - before.requests_malformed == 1);
+    CHECK(after.requests_refused - before.requests_refused == limited + 1);
+    CHECK(after.requests_served - before.requests_served == answered);
+
+    // What was admitted filled the storage exactly to its limit, and no further.
+    const std::size_t fit = s.options.storage.max_total_bytes / item_size;
+    REQUIRE(answered > fit);
+    CHECK(stored == fit);
+    CHECK(victim.dht->local_storage().bytes_used() == fit * item_size);
+    CHECK(victim.dht->local_storage().bytes_used() <= s.options.storage.max_total_bytes);
+
+    // A real peer stores and gets a value; the victim answers it (its allowance is its
+    // own), refusing only the item, for want of room, if it is one of the key's replicas.
+    const auto key = to_buffer(as_bytes("a real value"));
+    std::vector<dht::id> ids;
+    for (std::size_t i = 0; i < 8; ++i)
+        ids.push_back(s.members[i].dht->id());
+    const auto target = dht::id::of_key(key);
+    std::sort(ids.begin(), ids.end(),
+              [&](const dht::id& a, const dht::id& b) { return dht::closer(target, a, b); });
+    const bool victim_replica =
+        std::find(ids.begin(), ids.begin() + 5, victim.dht->id()) != ids.begin() + 5;
+    const dht::record real{.key = key,
+                           .subkey = std::nullopt,
+                           .value = value_of(1),
+                           .expiration = s.world.now() + 2min,
+                           .signature = {}};
+    const bool room =
+        s.options.storage.max_total_bytes - victim.dht->local_storage().bytes_used() >=
+        dht::storage::accounted_size(real);
+    auto [ec, outcome] = test::wait_for<std::error_code, dht::store_outcome>(
+        s.world, [&](auto h) { s.members[3].dht->async_store(real, h); });
+    CHECK_FALSE(ec);
+    CHECK(outcome.replicas == (victim_replica && !room ? 4u : 5u));
+    auto [gec, entry] = test::wait_for<std::error_code, dht::key_entry>(
+        s.world, [&](auto h) { s.members[5].dht->async_get(key, {}, h); });
+    CHECK_FALSE(gec);
+    REQUIRE(entry.plain);
+    CHECK(entry.plain->value == value_of(1));
+    CHECK(victim.dht->statistics().requests_rate_limited == after.requests_rate_limited);
+    CHECK(victim.dht->local_storage().bytes_used() <= s.options.storage.max_total_bytes);
+}

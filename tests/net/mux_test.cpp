@@ -817,6 +817,7 @@ TEST_CASE("streams beyond the limit are refused, and oversized messages reset", 
           std::pair<std::uint32_t, std::uint32_t>{5, static_cast<std::uint32_t>(errc::refused)});
     CHECK(resets[1] == std::pair<std::uint32_t, std::uint32_t>{
                            1, static_cast<std::uint32_t>(errc::message_too_large)});
+    CHECK(peer.victim->statistics().streams_refused == 1);
     // Late data for the reset stream, or any stream id without the open flag, is dropped.
     peer.send(data_frame(1, end_message, 5));
     peer.send(data_frame(7, end_message, 5));
@@ -840,4 +841,5 @@ TEST_CASE("after our goaway, streams the peer opens are refused", "[net][mux]") 
     REQUIRE(resets.size() == 1);
     CHECK(resets[0] ==
           std::pair<std::uint32_t, std::uint32_t>{1, static_cast<std::uint32_t>(errc::refused)});
+    CHECK(peer.victim->statistics().streams_refused == 0); // a drain, not the peer's excess
 }

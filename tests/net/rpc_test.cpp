@@ -805,3 +805,77 @@ TEMPLATE_TEST_CASE("a drain ends at drain_timeout and fails the calls still open
     CHECK(closing->ec == (draining ? make_error_code(errc::timeout) : std::error_code{}));
     REQUIRE(world.run_until([&] { return seen.cancelled; }));
 }
+
+TEMPLATE_TEST_CASE("connections of one PeerId past max_connections_per_peer are closed after the "
+                   "handshake and counted, and dialing it reuses one",
+                   "[net][rpc][overload]", sim_world, tcp_world) {
+    TestType world;
+    CHECK(net::node_options{}.max_connections_per_peer == 4);
+    host<TestType> server(world, 1);
+    add_echo(server);
+    // Six nodes that share one identity, as one peer opening connection after connection.
+    std::deque<host<TestType>> clones;
+    for (int i = 0; i < 6; ++i)
+        add_echo(clones.emplace_back(world, 2));
+    for (std::size_t i = 0; i < clones.size(); ++i) {
+        INFO("clone " << i);
+        const auto outcome =
+            call(world, *clones[i].node, server.peer(), "echo", random_bytes(8, i + 1));
+        if (i < 4) {
+            CHECK_FALSE(outcome.ec);
+            CHECK(outcome.response == random_bytes(8, i + 1));
+        } else {
+            CHECK(outcome.ec == errc::connection_closed);
+        }
+    }
+    auto stats = server.node->statistics();
+    CHECK(stats.connections_refused == 2);
+    CHECK(stats.open_connections == 4);
+    CHECK(stats.open_streams == 0);
+    CHECK(server.node->connection_count() == 4);
+
+    // Another peer is served as before, and a call to the capped PeerId goes over one of its
+    // open connections instead of a fifth.
+    host<TestType> other(world, 3);
+    CHECK_FALSE(call(world, *other.node, server.peer(), "echo", {}).ec);
+    const auto back = call(world, *server.node, clones[5].peer(), "echo", random_bytes(9, 9));
+    CHECK_FALSE(back.ec);
+    CHECK(back.response == random_bytes(9, 9));
+    stats = server.node->statistics();
+    CHECK(stats.connections_refused == 2);
+    CHECK(stats.open_connections == 5);
+}
+
+TEST_CASE("streams a peer opens past max_streams are refused and counted, also once their "
+          "connection closed",
+          "[net][rpc][overload]") {
+    sim_world world;
+    net::node_options small;
+    small.mux.max_streams = 2;
+    host<sim_world> server(world, 1, small), client(world, 2);
+    int started = 0;
+    add_pause(server, 1s, started);
+    // The client opens its five streams before the server's settings (2 streams) arrive:
+    // until then the protocol's default of 8 applies.
+    std::vector<std::shared_ptr<call_outcome>> calls;
+    for (std::uint64_t i = 0; i < 5; ++i)
+        calls.push_back(start_call(*client.node, server.peer(), "pause", random_bytes(4, i)));
+    REQUIRE(world.run_until(
+        [&] { return std::all_of(calls.begin(), calls.end(), [](auto& c) { return c->done; }); }));
+    std::size_t answered = 0, refused = 0;
+    for (const auto& c : calls) {
+        if (!c->ec) ++answered;
+        if (c->ec == errc::refused) ++refused;
+    }
+    CHECK(answered == 2);
+    CHECK(refused == 3);
+    CHECK(started == 2);
+    CHECK(server.node->statistics().streams_refused == 3);
+    CHECK(client.node->statistics().streams_refused == 0);
+    client.node->close();
+    REQUIRE(world.run_until([&] { return server.node->connection_count() == 0; }));
+    const auto stats = server.node->statistics();
+    CHECK(stats.streams_refused == 3);
+    CHECK(stats.open_connections == 0);
+    CHECK(stats.open_streams == 0);
+}

@@ -143,6 +143,11 @@ public:
     /// The current group bits (rotated after every successful step). Node executor only.
     const averaging::group_bits& bits() const noexcept { return bits_; }
     std::uint64_t schema_hash() const noexcept { return schema_hash_; }
+    /// The matchmaker's counters (join requests served, refused over
+    /// matchmaking_options::max_pending_joins, ...). Node executor only.
+    const matchmaking_statistics& matchmaker_statistics() const noexcept {
+        return matchmaker_.statistics();
+    }
 
     /// A control for async_scheduled_step, tagged with `round` (see step_control); trigger it
     /// when the local values are ready. Once it is triggered, a group that holds

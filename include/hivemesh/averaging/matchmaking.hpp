@@ -63,7 +63,25 @@ struct matchmaking_options {
     duration group_slack = 5s;
     /// Between DHT reads while looking.
     duration poll_interval = 1s;
+    /// Join requests served at once, from their arrival until answered, accepted followers
+    /// waiting for their group included (so at least target_group_size - 1 makes sense).
+    /// One past it is refused at once with errc::refused, before its request is read, and
+    /// the requester asks its next candidate; so a flood of requests holds at most this
+    /// many handlers. At least 1.
+    std::size_t max_pending_joins = 64;
     matchmaking_limits limits;
+};
+
+/// Counters of a matchmaker's serving side (join requests from others) and of the join
+/// requests it sent, for monitoring and tests.
+struct matchmaking_statistics {
+    std::uint64_t joins_served = 0;   ///< join requests taken within max_pending_joins
+    std::uint64_t joins_accepted = 0; ///< ... of which answered `accepted` (followers)
+    std::uint64_t joins_refused = 0;  ///< refused at once: max_pending_joins were pending
+    std::size_t pending_joins = 0;    ///< being served now
+    std::size_t peak_pending_joins = 0;
+    std::uint64_t requests_sent = 0;    ///< our join requests to leaders
+    std::uint64_t requests_refused = 0; ///< ... that a leader refused with errc::refused
 };
 
 /// What one search is for and what this peer tells the others.
@@ -109,6 +127,8 @@ public:
         if (o.min_group_size < 1 || o.target_group_size < o.min_group_size ||
             o.target_group_size > o.limits.max_group_size)
             throw std::invalid_argument("matchmaking_options: need 1 <= min <= target <= max");
+        if (o.max_pending_joins == 0)
+            throw std::invalid_argument("matchmaking_options::max_pending_joins: at least 1");
         rpc.add_stream_handler(method(o), [weak = std::weak_ptr<state>(state_)](
                                               const net::call_context& c, net::call_stream& s) {
             return serve(weak, c, s);
@@ -124,6 +144,10 @@ public:
     }
 
     const matchmaking_options& options() const noexcept { return state_->options; }
+
+    /// The counters so far. Read on the node's executor (join requests are served there),
+    /// or while it runs nothing, as a simulated network between events.
+    const matchmaking_statistics& statistics() const noexcept { return state_->stats; }
 
     /// The current search looks at its group again, e.g. because match_request::ready now
     /// says yes, and forms it if it holds the members expected. On the node's executor.
@@ -203,6 +227,7 @@ private:
         std::uint64_t searches = 0;
         std::size_t withdrawals = 0; ///< in flight
         std::vector<std::shared_ptr<withdrawal_waiter>> withdrawal_waiters;
+        matchmaking_statistics stats;
 
         time_point now() const { return net::transport_now<Transport>(executor); }
         member_wire self(const match_request& r) const {
@@ -483,16 +508,22 @@ private:
         // dial_timeout, which may be longer.
         auto opening = st->rpc->open_call(target, method(o), limit + o.join_timeout, stream);
         std::error_code ec = co_await within(st, std::move(opening), o.join_timeout);
-        if (!ec) {
+        const bool opened = !ec;
+        if (opened) {
             join_request request{a->request.schema_hash, a->key, a->expiration,
                                  st->self(a->request)};
+            ++st->stats.requests_sent;
             ec = co_await stream.write(encode(request));
         }
         byte_buffer message;
-        if (!ec) {
+        if (opened) {
+            // Also after a failed write: a leader at max_pending_joins refuses before it
+            // reads our request, and its status is what the read returns.
             auto reading = stream.read(message);
-            ec = co_await within(st, std::move(reading), o.join_timeout);
+            if (const auto read_error = co_await within(st, std::move(reading), o.join_timeout))
+                ec = read_error;
         }
+        if (ec == errc::refused) ++st->stats.requests_refused;
         if (!ec) ec = decode(message, response);
         a->requesting = false;
         a->wake_handlers();
@@ -590,13 +621,50 @@ private:
         co_return co_await stream.write(encode(response));
     }
 
+    /// Counts a join request as pending while it lives.
+    struct pending_join {
+        explicit pending_join(matchmaking_statistics& s) noexcept
+            : stats(s) {
+            stats.peak_pending_joins = std::max(stats.peak_pending_joins, ++stats.pending_joins);
+        }
+        pending_join(const pending_join&) = delete;
+        pending_join& operator=(const pending_join&) = delete;
+        ~pending_join() { --stats.pending_joins; }
+        matchmaking_statistics& stats;
+    };
+
     /// A join request from `context.remote`.
     static asio::awaitable<std::error_code>
     serve(std::weak_ptr<state> weak, const net::call_context& context, net::call_stream& stream) {
-        byte_buffer message;
-        if (auto ec = co_await stream.read(message)) co_return ec;
         auto st = weak.lock();
         if (!st) co_return make_error_code(errc::refused);
+        // Refused before reading anything, so a flood costs no more than this many handlers.
+        if (st->stats.pending_joins >= st->options.max_pending_joins) {
+            ++st->stats.joins_refused;
+            co_return make_error_code(errc::refused);
+        }
+        ++st->stats.joins_served;
+        const pending_join slot(st->stats);
+        byte_buffer message;
+        {
+            // A follower writes its request as soon as the call opens: one that does not
+            // would hold its slot for the caller's whole deadline. The reset comes before
+            // the read is cancelled, which would tell the caller `cancelled` instead.
+            using namespace asio::experimental::awaitable_operators;
+            timer_type limit(st->executor);
+            limit.expires_after(st->options.join_timeout);
+            bool expired = false;
+            auto expire = [&]() -> asio::awaitable<void> {
+                auto [ec] =
+                    co_await limit.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+                if (ec) co_return;
+                expired = true;
+                stream.cancel(errc::timeout);
+            };
+            auto got = co_await (stream.read(message) || expire());
+            if (expired) co_return make_error_code(errc::timeout);
+            if (auto ec = std::get<0>(got)) co_return ec;
+        }
         join_request request;
         const auto bad = decode(message, request, st->options.limits);
         const bool client_request = request.member.role == member_role::client;
@@ -647,6 +715,7 @@ private:
             co_return co_await respond(stream, join_status::group_full);
 
         a->followers.push_back({context.remote, request.member});
+        ++st->stats.joins_accepted;
         if (a->followers.size() + 1 == st->options.target_group_size)
             a->assemble();
         else

@@ -86,7 +86,8 @@ struct node_options {
                             .max_total_bytes = 32u << 20,
                             .max_lifetime = std::chrono::minutes(5)};
     message_limits messages;
-    /// Requests a peer may send (a store costs one per item), and the burst allowed.
+    /// Requests a peer may send (a store costs one more per item), and the burst allowed;
+    /// past them its requests are refused with rate_limited.
     double requests_per_second = 500;
     double request_burst = 1000;
     /// How often the maintenance loop runs; zero disables it.
@@ -128,10 +129,14 @@ struct node_statistics {
     std::uint64_t lookup_rounds = 0; ///< sum of their rounds (hops from our own table)
     std::uint64_t requests_sent = 0;
     std::uint64_t requests_failed = 0;
-    std::uint64_t requests_served = 0;
-    std::uint64_t requests_refused = 0; ///< malformed or over a limit; the sender is penalised
-    std::uint64_t handoffs = 0;         ///< keys handed to newly seen nodes
-    std::uint64_t republished = 0;      ///< keys stored again by the maintenance loop
+    std::uint64_t requests_served = 0;  ///< answered (a store's items may still be refused)
+    std::uint64_t requests_refused = 0; ///< rate limited or malformed: the two below
+    /// Refused with rate_limited: over the sender's allowance (requests_per_second,
+    /// request_burst), or sent during its penalty.
+    std::uint64_t requests_rate_limited = 0;
+    std::uint64_t requests_malformed = 0; ///< refused, and their sender penalised
+    std::uint64_t handoffs = 0;           ///< keys handed to newly seen nodes
+    std::uint64_t republished = 0;        ///< keys stored again by the maintenance loop
 };
 
 namespace detail {

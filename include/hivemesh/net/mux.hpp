@@ -85,6 +85,7 @@ struct mux_statistics {
     std::uint64_t streams_opened = 0;   ///< by either side
     std::size_t peak_buffered = 0;      ///< most payload bytes held for the application at once
     std::uint64_t landings_reused = 0;  ///< messages landed in the storage of one read before
+    std::uint64_t streams_refused = 0;  ///< opened by the peer past our max_streams (reset)
 };
 
 namespace detail {

@@ -63,13 +63,27 @@ struct node_options {
     /// closed at once, so a flood of silent connections holds at most this many
     /// descriptors (each for at most dial_timeout).
     std::size_t max_pending_handshakes = 256;
+    /// Connections one PeerId may hold at once (two nodes dialing each other at the same
+    /// time make two); 0 means no limit. One past it, accepted or dialed, is closed right
+    /// after its handshake (only then is the identity known) and counted in
+    /// node_statistics::connections_refused; dialing reuses an open connection, and fails
+    /// with `refused` when the peer holds this many and none takes new streams (all in a
+    /// drain). Each connection may carry mux_options::max_streams streams from the peer, so
+    /// this bounds what one identity can make us hold.
+    std::size_t max_connections_per_peer = 4;
 };
 
-/// Counters of a node's listeners, for monitoring and tests.
+/// Counters and current figures of a node, for monitoring and tests.
 struct node_statistics {
-    std::uint64_t accept_errors = 0;      ///< accepts that failed (e.g. out of descriptors)
-    std::uint64_t handshakes_refused = 0; ///< connections closed at max_pending_handshakes
-    std::size_t pending_handshakes = 0;   ///< incoming connections in their handshake now
+    std::uint64_t accept_errors = 0;       ///< accepts that failed (e.g. out of descriptors)
+    std::uint64_t handshakes_refused = 0;  ///< connections closed at max_pending_handshakes
+    std::size_t pending_handshakes = 0;    ///< incoming connections in their handshake now
+    std::uint64_t connections_refused = 0; ///< closed after the handshake: peer at its cap
+    /// Streams peers opened past mux_options::max_streams (reset with `refused`), on every
+    /// connection so far, closed ones included.
+    std::uint64_t streams_refused = 0;
+    std::size_t open_connections = 0; ///< in the pool now
+    std::size_t open_streams = 0;     ///< on those connections now, both directions
 };
 
 /// Who to call: the PeerId the connection must prove, and where to dial if needed.
@@ -257,8 +271,9 @@ public:
     /// from 10 ms to 1 s while failures go on (counted in statistics()).
     void serve(listener_type listener);
 
-    /// The listeners' counters so far.
-    node_statistics statistics() const noexcept { return state_->statistics; }
+    /// The counters so far and the current figures. On the node's executor, as every
+    /// member (it walks the connection pool).
+    node_statistics statistics() const;
 
     /// Registers a handler; a name registered again replaces the old handler.
     /// Throws std::invalid_argument for a malformed method name.
@@ -363,7 +378,7 @@ private:
         crypto::identity identity;
         node_options options;
         std::vector<std::shared_ptr<listening>> listeners;
-        node_statistics statistics;
+        node_statistics statistics; ///< the counters; the current figures are computed
         std::unordered_map<crypto::peer_id, std::vector<pooled_connection>> connections;
         std::unordered_map<crypto::peer_id, std::shared_ptr<pending_dial>> dials;
         std::map<std::string, unary_handler, std::less<>> unary_handlers;
@@ -401,6 +416,9 @@ private:
 
     static void forget(const state_ptr& st, const crypto::peer_id& remote,
                        const mux_connection* connection);
+
+    /// Whether `remote` holds max_connections_per_peer open connections already.
+    static bool at_peer_cap(const state_ptr& st, const crypto::peer_id& remote);
 
     /// An open connection to `target`, dialing if there is none. Concurrent callers share
     /// one dial.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 
 namespace hivemesh::dht {
@@ -34,16 +35,13 @@ std::error_code node<Transport>::admit(const state_ptr& st, const net::call_cont
                                        double cost) {
     if (!st || st->closed) return errc::refused;
     const auto now = st->now();
-    if (const auto it = st->penalised.find(context.remote);
-        it != st->penalised.end() && it->second > now) {
+    const auto it = st->penalised.find(context.remote);
+    if ((it != st->penalised.end() && it->second > now) ||
+        !st->limiter.allow(context.remote, now, cost)) {
         ++st->stats.requests_refused;
+        ++st->stats.requests_rate_limited;
         return errc::rate_limited;
     }
-    if (!st->limiter.allow(context.remote, now, cost)) {
-        ++st->stats.requests_refused;
-        return errc::rate_limited;
-    }
-    ++st->stats.requests_served;
     return {};
 }
 
@@ -51,6 +49,7 @@ template <net::transport Transport>
 std::error_code node<Transport>::penalise(const state_ptr& st, const net::call_context& context,
                                           std::error_code ec) {
     ++st->stats.requests_refused;
+    ++st->stats.requests_malformed;
     st->penalised[context.remote] = st->now() + st->options.penalty;
     st->table.remove(dht::id::of_peer(context.remote));
     log::warning("dht", "refused a request from ", context.remote.short_string(), ": ",
@@ -64,6 +63,8 @@ std::error_code node<Transport>::take_request(const state_ptr& st, const net::ca
                                               byte_view request, Request& out) {
     if (auto ec = admit(st, context, 1)) return ec;
     if (auto ec = decode(request, out, st->options.messages)) return penalise(st, context, ec);
+    // A store's items cost more (serve_store); it counts as served once they are allowed.
+    if constexpr (!std::is_same_v<Request, store_request>) ++st->stats.requests_served;
     return {};
 }
 
@@ -91,11 +92,8 @@ std::error_code node<Transport>::serve_store(const state_ptr& st, const net::cal
                                              byte_view request, byte_buffer& response) {
     store_request store;
     if (auto ec = take_request(st, context, request, store)) return ec;
-    if (!store.items.empty() &&
-        !st->limiter.allow(context.remote, st->now(), static_cast<double>(store.items.size()))) {
-        ++st->stats.requests_refused;
-        return errc::rate_limited;
-    }
+    if (auto ec = admit(st, context, static_cast<double>(store.items.size()))) return ec;
+    ++st->stats.requests_served;
     note_sender(st, context, store.from);
     store_response reply;
     reply.statuses.reserve(store.items.size());

@@ -381,6 +381,7 @@ HIVEMESH_DECL std::error_code mux_connection::on_data(const frame& f) {
         // that already finished here, and is dropped.
         if ((f.flags & frame_flags::open) == 0) return {};
         if (remote_streams_ >= options_.max_streams || goaway_sent_) {
+            if (remote_streams_ >= options_.max_streams) ++stats_.streams_refused;
             queue_reset(f.stream, errc::refused);
             return {};
         }

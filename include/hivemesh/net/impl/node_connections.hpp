@@ -43,6 +43,18 @@ std::vector<typename node<Transport>::connection_info> node<Transport>::connecti
 }
 
 template <transport Transport>
+node_statistics node<Transport>::statistics() const {
+    node_statistics out = state_->statistics; // streams_refused: of the closed connections
+    for (const auto& [id, list] : state_->connections)
+        for (const auto& pooled : list) {
+            ++out.open_connections;
+            out.open_streams += pooled.connection->stream_count();
+            out.streams_refused += pooled.connection->statistics().streams_refused;
+        }
+    return out;
+}
+
+template <transport Transport>
 std::size_t node<Transport>::connection_count() const {
     std::size_t n = 0;
     for (const auto& [id, list] : state_->connections)
@@ -176,6 +188,16 @@ asio::awaitable<std::error_code> node<Transport>::secure(state_ptr st, stream_ty
         co_return ec;
     }
     const crypto::peer_id remote = stream.remote_id();
+    if (at_peer_cap(st, remote)) {
+        stream.close();
+        ++st->statistics.connections_refused;
+        log::debug("net", "closed a connection of ", remote.short_string(),
+                   ": it holds max_connections_per_peer");
+        // A dial that raced the peer's own connections uses one of those instead.
+        if (side == crypto::role::dialer)
+            if ((out = find_connection(st, remote))) co_return std::error_code{};
+        co_return errc::refused;
+    }
     // Both ends negotiated the same cipher, so they agree on the frame size too.
     mux_options mux = st->options.mux;
     if (stream.cipher() != crypto::cipher::plaintext)
@@ -209,9 +231,23 @@ void node<Transport>::forget(const state_ptr& st, const crypto::peer_id& remote,
                              const mux_connection* connection) {
     const auto it = st->connections.find(remote);
     if (it == st->connections.end()) return;
-    std::erase_if(it->second,
-                  [&](const pooled_connection& p) { return p.connection.get() == connection; });
+    std::erase_if(it->second, [&](const pooled_connection& p) {
+        if (p.connection.get() != connection) return false;
+        st->statistics.streams_refused += p.connection->statistics().streams_refused;
+        return true;
+    });
     if (it->second.empty()) st->connections.erase(it);
+}
+
+template <transport Transport>
+bool node<Transport>::at_peer_cap(const state_ptr& st, const crypto::peer_id& remote) {
+    const std::size_t limit = st->options.max_connections_per_peer;
+    if (limit == 0) return false;
+    const auto it = st->connections.find(remote);
+    if (it == st->connections.end()) return false;
+    return std::count_if(it->second.begin(), it->second.end(), [](const pooled_connection& p) {
+               return p.connection->is_open();
+           }) >= static_cast<std::ptrdiff_t>(limit);
 }
 
 template <transport Transport>
@@ -220,6 +256,8 @@ asio::awaitable<std::error_code> node<Transport>::connect(state_ptr st, peer tar
     while (true) {
         if (st->closed) co_return errc::connection_closed;
         if ((out = find_connection(st, target.id))) co_return std::error_code{};
+        // Every connection to the peer is draining: a new one would exceed the cap.
+        if (at_peer_cap(st, target.id)) co_return errc::refused;
         auto& dial = st->dials[target.id];
         if (!dial) {
             dial = std::make_shared<pending_dial>();
