@@ -42,7 +42,7 @@ namespace detail {
 /// The events a worker sends, one JSON object per line on stdout:
 ///   {"event":"listening","rank":R,"addresses":[...]}       (a swarm peer, once it listens)
 ///   {"event":"joined","rank":R,"epoch":E,"global_epoch":G,"state_loaded":B} (training
-///    starts, after a state download if the swarm was ahead)
+///    starts, after a state download if the swarm was ahead; G: the swarm's epoch before it)
 ///   {"event":"progress","rank":R,"epoch":..,"samples":..,"samples_per_second":..,
 ///    "loss":..,"next_round":S|null,"global_epoch":..,"peers":..}
 ///   {"event":"snapshot","rank":R,"epoch":E,"file":PATH,"final":B}
@@ -304,7 +304,10 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
     training_loop loop(o, model, train, params.grads(), events);
     phase_seconds phases;
     double step_seconds = 0;
-    if (optimizer.global_progress().epoch > optimizer.local_epoch()) {
+    // The swarm's epoch as the newcomer found it: the state it loads is checked against
+    // this, not against where the swarm got while the download ran.
+    const std::uint64_t global_at_join = optimizer.global_progress().epoch;
+    if (global_at_join > optimizer.local_epoch()) {
         try {
             optimizer.async_load_state_from_peers(asio::use_future).get();
         } catch (const std::system_error& e) {
@@ -316,7 +319,7 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
     const duration initial_load = optimizer.statistics().state_download;
     events.send({{"event", "joined"},
                  {"epoch", optimizer.local_epoch()},
-                 {"global_epoch", optimizer.global_progress().epoch},
+                 {"global_epoch", global_at_join},
                  {"state_loaded", optimizer.statistics().state_loads > 0}});
     while (!loop.should_stop(optimizer.local_epoch())) {
         loop.forward_backward(phases);

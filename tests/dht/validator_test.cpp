@@ -232,6 +232,48 @@ TEST_CASE("owner validator: a signed protected record is accepted, any change re
     }
 }
 
+TEST_CASE("owner validator: a signature that verified is taken from the cache, nothing else is",
+          "[dht][validator]") {
+    const owner_validator mine(identity_of(1));
+    const owner_validator reader(identity_of(2));
+    record r = item("key" + mine.marker(), "sub", "value", at_seconds(10));
+    mine.sign(r);
+    CHECK_FALSE(reader.validate(r));
+    CHECK_FALSE(reader.validate(r));
+    CHECK_FALSE(reader.validate(r));
+    CHECK(reader.verifications().verified == 1);
+    CHECK(reader.verifications().hits == 2);
+    // The same signature over other bytes is a new check, and fails each time.
+    record forged = r;
+    forged.value = bytes_of("valuf");
+    CHECK(reader.validate(forged) == code(errc::bad_signature));
+    CHECK(reader.validate(forged) == code(errc::bad_signature));
+    CHECK(reader.verifications().verified == 3);
+    CHECK(reader.verifications().hits == 2);
+    // Unprotected records need no signature check at all.
+    CHECK_FALSE(reader.validate(plain("open", "v", at_seconds(10))));
+    CHECK(reader.verifications().verified == 3);
+}
+
+TEST_CASE("verified signatures: the oldest is forgotten past the capacity", "[dht][validator]") {
+    hivemesh::dht::detail::verified_signatures cache(2);
+    const identity alice = identity_of(1);
+    std::vector<byte_buffer> messages{bytes_of("a"), bytes_of("b"), bytes_of("c")};
+    std::vector<hivemesh::crypto::signature> signatures;
+    for (const auto& m : messages)
+        signatures.push_back(alice.sign(m));
+    for (std::size_t i = 0; i < 3; ++i)
+        CHECK(cache.verify(alice.public_key(), messages[i], signatures[i]));
+    CHECK(cache.verify(alice.public_key(), messages[2], signatures[2])); // kept
+    CHECK(cache.verify(alice.public_key(), messages[1], signatures[1])); // kept
+    CHECK(cache.statistics().hits == 2);
+    CHECK(cache.verify(alice.public_key(), messages[0], signatures[0])); // forgotten: verified
+    CHECK(cache.statistics().verified == 4);
+    // Another key with a valid signature of someone else's message: refused.
+    CHECK_FALSE(cache.verify(identity_of(2).public_key(), messages[0], signatures[0]));
+    CHECK(cache.statistics().verified == 5);
+}
+
 TEST_CASE("owner validator: another identity cannot write a protected subkey", "[dht][validator]") {
     const identity alice = identity_of(1);
     const identity bob = identity_of(2);
