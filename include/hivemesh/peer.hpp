@@ -21,6 +21,7 @@
 #include "hivemesh/dht/validator.hpp"
 #include "hivemesh/net/address.hpp"
 #include "hivemesh/net/node.hpp"
+#include "hivemesh/net/rate_limit.hpp"
 #include "hivemesh/net/tcp.hpp"
 
 #include <asio/bind_executor.hpp>
@@ -83,6 +84,9 @@ struct peer_options {
     /// How long bootstrapping may take, retries included.
     duration bootstrap_timeout = 30s;
     /// The layers' own settings (security is set from swarm_key and plaintext above).
+    /// rpc.max_upload_rate and rpc.max_download_rate cap the peer's traffic (bytes per
+    /// second, 0: no cap); the upload cap is also the bandwidth its averagers announce
+    /// unless they set one.
     net::node_options rpc;
     dht::node_options dht;
 };
@@ -267,6 +271,12 @@ basic_peer<Transport>::basic_peer(Transport transport, peer_options options,
     : transport_(std::move(transport))
     , options_(std::move(options))
     , compute_(std::move(compute)) {
+    if (!net::is_valid_rate_limit(options_.rpc.max_upload_rate))
+        detail::throw_bad_option("rpc.max_upload_rate: 0 (no cap) or a finite number of bytes "
+                                 "per second, at least 1");
+    if (!net::is_valid_rate_limit(options_.rpc.max_download_rate))
+        detail::throw_bad_option("rpc.max_download_rate: 0 (no cap) or a finite number of bytes "
+                                 "per second, at least 1");
     for (const auto& text : options_.initial_peers) {
         auto [address, endpoint] = detail::parse_peer_address<Transport>(text, "initial peer");
         if (!address.peer)

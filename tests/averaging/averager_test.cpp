@@ -11,9 +11,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <span>
 #include <vector>
 
 namespace hivemesh::test {
@@ -22,20 +26,18 @@ namespace {
 using averager_type = averaging::averager<net::sim::transport>;
 
 struct averager_swarm {
+    /// May change peer i's averager options and its RPC node's options before it is made.
+    using tuning =
+        std::function<void(std::size_t i, averaging::averager_options&, net::node_options&)>;
+
     swarm<sim_world> dht;
     std::deque<std::vector<float>> first, second; // two tensors per peer
     std::vector<std::unique_ptr<averager_type>> averagers;
 
-    averager_swarm(std::size_t n, std::size_t bits, std::size_t group) {
+    averager_swarm(std::size_t n, std::size_t bits, std::size_t group, const tuning& tune = {}) {
         random_generator rng(3);
+        const net::node_options rpc_defaults = dht.rpc_options;
         for (std::size_t i = 0; i < n; ++i) {
-            auto& m = dht.add(500 + i);
-            first.emplace_back(300);
-            second.emplace_back(77);
-            for (auto& v : first.back())
-                v = static_cast<float>(rng.normal());
-            for (auto& v : second.back())
-                v = static_cast<float>(rng.normal());
             averaging::averager_options o;
             o.prefix = "run";
             o.group_key_length = bits;
@@ -44,6 +46,15 @@ struct averager_swarm {
             o.min_group_size = 2;
             o.matchmaking_time = 6s;
             o.bandwidth = 1e8;
+            dht.rpc_options = rpc_defaults;
+            if (tune) tune(i, o, dht.rpc_options);
+            auto& m = dht.add(500 + i);
+            first.emplace_back(300);
+            second.emplace_back(77);
+            for (auto& v : first.back())
+                v = static_cast<float>(rng.normal());
+            for (auto& v : second.back())
+                v = static_cast<float>(rng.normal());
             std::vector<tensor::tensor_ref> refs;
             refs.emplace_back(first.back());
             refs.emplace_back(second.back());
@@ -135,6 +146,54 @@ TEST_CASE("averager: cancelling a step ends it at once with cancelled", "[averag
     REQUIRE(s.dht.world.run_until([&] { return got.has_value(); }, 600s));
     CHECK(*got == errc::cancelled);
     CHECK(s.dht.world.now() - start < 3s);
+}
+
+TEST_CASE("averager: a peer's upload cap is the bandwidth it announces, so it reduces a smaller "
+          "span",
+          "[averager][rate]") {
+    // Peer 0 caps its upload and leaves its bandwidth unknown; the others announce 1.25x the
+    // cap. The load balancer then gives peer 0 a share of 1/7 and the others 3/7 each. Were
+    // the cap not announced, peer 0 would count at the others' mean: 1/3 each.
+    constexpr double cap = 1e6, others = 1.25e6;
+    averager_swarm s(3, 0, 3,
+                     [&](std::size_t i, averaging::averager_options& o, net::node_options& rpc) {
+                         if (i == 0) {
+                             o.bandwidth = 0;
+                             rpc.max_upload_rate = cap;
+                         } else {
+                             o.bandwidth = others;
+                         }
+                     });
+    CHECK(s.averagers[0]->options().bandwidth == cap);
+    std::vector<std::optional<averaging::step_result>> results(3);
+    for (std::size_t i = 0; i < 3; ++i)
+        s.averagers[i]->async_step(1.0,
+                                   [&results, i](std::error_code ec, averaging::step_result r) {
+                                       CHECK_FALSE(ec);
+                                       results[i] = std::move(r);
+                                   });
+    const auto all_done = [&] {
+        return std::all_of(results.begin(), results.end(),
+                           [](const auto& r) { return r.has_value(); });
+    };
+    REQUIRE(s.dht.world.run_until(all_done, 600s));
+    // Members are in the group's order; peer 0 knows its place in it.
+    std::vector<double> bandwidths(3, others);
+    bandwidths[results[0]->index] = cap;
+    std::error_code ec;
+    const auto want = averaging::load_balance(377, std::span<const double>(bandwidths), ec);
+    REQUIRE_FALSE(ec);
+    REQUIRE(want.size() == 3);
+    CHECK(want[results[0]->index] > 0);
+    CHECK(want[results[0]->index] * 2 < want[(results[0]->index + 1) % 3]);
+    for (const auto& r : results) {
+        REQUIRE(r->group_size == 3);
+        CHECK(r->allreduce.fraction_averaged() == 1.0);
+        std::vector<std::size_t> spans(3, 0);
+        for (const auto& part : r->allreduce.parts)
+            spans[part.reducer] += part.size;
+        CHECK(spans == want);
+    }
 }
 
 TEST_CASE("averager: a newcomer loads the state a peer serves", "[averager]") {

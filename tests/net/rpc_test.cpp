@@ -2,6 +2,7 @@
 #include "support/bytes.hpp"
 #include "support/echo.hpp"
 #include "support/identities.hpp"
+#include "support/windows.hpp"
 #include "support/worlds.hpp"
 
 #include <hivemesh/core/random.hpp>
@@ -29,6 +30,8 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 using namespace hivemesh;
 using namespace std::chrono_literals;
@@ -637,6 +640,110 @@ TEMPLATE_TEST_CASE("1 GiB streams through one call with bounded buffering", "[ne
     REQUIRE(connections.size() == 1);
     CHECK(connections[0].statistics.payload_received >= total);
     CHECK(connections[0].statistics.peak_buffered <= options.mux.initial_window + chunk_size);
+}
+
+namespace {
+
+/// A monotonic reading of `world`'s time: virtual on the simulated network, the steady clock
+/// on TCP (the wall clock may jump).
+template <class World>
+duration steady_now([[maybe_unused]] World& world) {
+    if constexpr (std::is_same_v<World, sim_world>)
+        return world.now().time_since_epoch();
+    else
+        return std::chrono::duration_cast<duration>(
+            std::chrono::steady_clock::now().time_since_epoch());
+}
+
+duration in_seconds(double seconds) {
+    return std::chrono::duration_cast<duration>(std::chrono::duration<double>(seconds));
+}
+
+} // namespace
+
+TEMPLATE_TEST_CASE("a node's upload and download caps hold over every window, beyond one burst",
+                   "[net][rpc][rate]", sim_world, tcp_world) {
+    constexpr bool on_sim = std::is_same_v<TestType, sim_world>;
+    // The simulated network: 1 MB/s for 20 MB, 20 s of exact virtual time. TCP: 2 MB/s for
+    // 6 MB, 3 s of real time, of which only a lower bound holds on a loaded machine.
+    const double rate = on_sim ? 1e6 : 2e6;
+    constexpr std::size_t chunk_size = 16 * 1024; // within a frame: one record a message
+    const std::uint64_t total = (on_sim ? 1'220 : 366) * std::uint64_t{chunk_size};
+    const std::size_t burst = net::rate_limit_burst(rate);
+    net::node_options sender_options, receiver_options;
+    [[maybe_unused]] bool upload = true; // read on the simulated network only
+    SECTION("the sender's upload cap") {
+        sender_options.max_upload_rate = rate;
+    }
+    SECTION("the receiver's download cap") {
+        receiver_options.max_download_rate = rate;
+        upload = false;
+    }
+    TestType world;
+    host<TestType> receiver(world, 1, receiver_options), sender(world, 2, sender_options);
+    std::vector<test::timed_bytes> arrivals;
+    add_sink(receiver, [&](const byte_buffer& m) {
+        arrivals.push_back({steady_now(world), m.size()});
+    });
+    const auto chunk = random_bytes(chunk_size, 5);
+    const duration start = steady_now(world);
+    auto done = spawn_flag(sender.node->get_executor(), [&]() -> asio::awaitable<void> {
+        const auto end = co_await upload_to_sink(sender, receiver, total, chunk, 600s);
+        CHECK(end == asio::error::eof);
+    });
+    REQUIRE(world.run_until([&] { return *done; }, 3600s));
+    REQUIRE(arrivals.size() == total / chunk_size);
+    const duration took = arrivals.back().at - start;
+    // The caps count the bytes on the stream, more than the payload: in `took` at most
+    // rate x took + burst of them moved.
+    CHECK(took >= in_seconds(static_cast<double>(total - burst) / rate));
+    if constexpr (on_sim) {
+        // A message counts when its last byte arrives, so a window may also hold the part of
+        // one message that came before it.
+        CHECK(test::busiest_window(arrivals, 1s) <=
+              static_cast<std::uint64_t>(rate) + burst + chunk_size);
+        // The cap is used, not only kept: the transfer ran at 95% of it or more.
+        CHECK(took <= in_seconds(static_cast<double>(total) / (0.95 * rate)));
+        // Every read or write past the first burst waited for the bucket.
+        const auto sent = sender.node->statistics();
+        const auto received = receiver.node->statistics();
+        CHECK((upload ? sent.upload_delayed_bytes : received.download_delayed_bytes) >=
+              total - burst);
+        CHECK((upload ? sent.upload_delay : received.download_delay) > 0s);
+        CHECK((upload ? received.download_delayed_bytes : sent.upload_delayed_bytes) == 0);
+    }
+}
+
+TEST_CASE("a node's upload cap holds for all its connections together", "[net][rpc][rate]") {
+    sim_world world;
+    constexpr double rate = 1e6;
+    constexpr std::size_t chunk_size = 16 * 1024;
+    constexpr std::uint64_t each = 300 * std::uint64_t{chunk_size}; // 5 MB to each of two peers
+    const std::size_t burst = net::rate_limit_burst(rate);
+    net::node_options capped;
+    capped.max_upload_rate = rate;
+    host<sim_world> first(world, 1), second(world, 2), sender(world, 3, capped);
+    // Both sinks run on the one simulated thread: `arrivals` is in time order.
+    std::vector<test::timed_bytes> arrivals;
+    for (auto* to : {&first, &second})
+        add_sink(*to, [&](const byte_buffer& m) {
+            arrivals.push_back({steady_now(world), m.size()});
+        });
+    const auto chunk = random_bytes(chunk_size, 6);
+    const duration start = steady_now(world);
+    std::vector<std::shared_ptr<bool>> done;
+    for (auto* to : {&first, &second})
+        done.push_back(spawn_flag(sender.node->get_executor(), [&, to]() -> asio::awaitable<void> {
+            const auto end = co_await upload_to_sink(sender, *to, each, chunk, 600s);
+            CHECK(end == asio::error::eof);
+        }));
+    REQUIRE(world.run_until([&] { return *done[0] && *done[1]; }, 3600s));
+    REQUIRE(arrivals.size() == 2 * each / chunk_size);
+    REQUIRE(sender.node->connection_count() == 2);
+    // One message a connection may straddle a window's start.
+    CHECK(test::busiest_window(arrivals, 1s) <=
+          static_cast<std::uint64_t>(rate) + burst + 2 * chunk_size);
+    CHECK(arrivals.back().at - start >= in_seconds(static_cast<double>(2 * each - burst) / rate));
 }
 
 TEST_CASE("an accept that keeps failing (no descriptors left) is retried after pauses, not in a "

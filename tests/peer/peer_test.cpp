@@ -13,9 +13,11 @@
 #include <deque>
 #include <filesystem>
 #include <future>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <unistd.h>
@@ -165,6 +167,18 @@ TEST_CASE("bad options are refused with a message that names them", "[peer]") {
         auto o = loopback_options();
         o.io_threads = 0;
         CHECK(thrown([&] { peer p(o); }).first == errc::invalid_argument);
+    }
+    SECTION("a negative or non-finite rate cap") {
+        auto o = loopback_options();
+        o.rpc.max_upload_rate = -1;
+        auto [ec, what] = thrown([&] { peer p(o); });
+        CHECK(ec == errc::invalid_argument);
+        CHECK_THAT(what, Catch::Contains("rpc.max_upload_rate"));
+        o = loopback_options();
+        o.rpc.max_download_rate = std::numeric_limits<double>::infinity();
+        std::tie(ec, what) = thrown([&] { peer p(o); });
+        CHECK(ec == errc::invalid_argument);
+        CHECK_THAT(what, Catch::Contains("rpc.max_download_rate"));
     }
 }
 

@@ -32,8 +32,9 @@ struct averager_options {
     /// methods ("<prefix>.join", "<prefix>.allreduce", "<prefix>.state").
     std::string prefix = "hivemesh";
     member_role role = member_role::node;
-    /// Announced for load balancing (bytes/s or any consistent unit); 0 = unknown. Clients
-    /// always announce 0.
+    /// Announced for load balancing (bytes/s or any consistent unit); 0 = unknown, unless
+    /// the RPC node has an upload cap (net::node_options::max_upload_rate): then 0 means
+    /// the cap, which the peer cannot send faster than. Clients always announce 0.
     double bandwidth = 0;
     std::size_t target_group_size = 16;
     std::size_t min_group_size = 2;
@@ -129,7 +130,7 @@ public:
         , dht_(&dht)
         , announce_(announce)
         , tensors_(std::move(tensors))
-        , options_(configured(std::move(options), !announce))
+        , options_(configured(std::move(options), !announce, rpc.options().max_upload_rate))
         , schema_hash_(schema_hash_of(tensors_))
         , matchmaker_(rpc, dht, announce, options_.matchmaking)
         , compute_(compute)
@@ -229,7 +230,8 @@ public:
     }
 
 private:
-    static averager_options configured(averager_options o, bool client) {
+    static averager_options configured(averager_options o, bool client, double upload_cap) {
+        if (o.bandwidth == 0) o.bandwidth = upload_cap;
         if (client) {
             o.role = member_role::client;
             o.bandwidth = 0;

@@ -14,6 +14,7 @@
 #include "hivemesh/core/log.hpp"
 #include "hivemesh/crypto/identity.hpp"
 #include "hivemesh/net/mux.hpp"
+#include "hivemesh/net/rate_limit.hpp"
 #include "hivemesh/net/rpc_wire.hpp"
 #include "hivemesh/net/secure_stream.hpp"
 #include "hivemesh/net/transport.hpp"
@@ -29,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -71,6 +73,17 @@ struct node_options {
     /// drain). Each connection may carry mux_options::max_streams streams from the peer, so
     /// this bounds what one identity can make us hold.
     std::size_t max_connections_per_peer = 4;
+    /// Caps on what the node sends and receives, in bytes per second summed over all its
+    /// connections; 0 means no cap. What counts is every byte on the transport's streams
+    /// (handshakes, record prefixes and tags included). In any window of length T the
+    /// node writes at most max_upload_rate x T + burst bytes, and its reads hand on at
+    /// most max_download_rate x T + burst, where burst = rate_limit_burst(rate): 50 ms at
+    /// the cap, at least 64 KiB (see net/rate_limit.hpp). A capped download leaves the
+    /// bytes in the transport, so the sender's flow control slows it. Each must be 0 or at
+    /// least 1 (is_valid_rate_limit); the node's constructor throws std::invalid_argument
+    /// otherwise (a negative, non-finite or tiny rate).
+    double max_upload_rate = 0;
+    double max_download_rate = 0;
 };
 
 /// Counters and current figures of a node, for monitoring and tests.
@@ -84,6 +97,14 @@ struct node_statistics {
     std::uint64_t streams_refused = 0;
     std::size_t open_connections = 0; ///< in the pool now
     std::size_t open_streams = 0;     ///< on those connections now, both directions
+    /// Writes that waited for node_options::max_upload_rate: the bytes they carried and
+    /// their waits, summed over the writes (connections wait side by side, so the sum may
+    /// exceed the time that passed); 0 without a cap.
+    std::uint64_t upload_delayed_bytes = 0;
+    duration upload_delay{};
+    /// The same for reads held back by node_options::max_download_rate.
+    std::uint64_t download_delayed_bytes = 0;
+    duration download_delay{};
 };
 
 /// Who to call: the PeerId the connection must prove, and where to dial if needed.
@@ -257,6 +278,8 @@ public:
     using timer_type = typename Transport::timer_type;
     using peer = peer_endpoint<endpoint_type>;
 
+    /// A node of `identity` on `transport`; it serves nothing until serve(). Throws
+    /// std::invalid_argument for a rate cap that is not is_valid_rate_limit.
     node(Transport& transport, crypto::identity identity, node_options options = {});
     node(const node&) = delete;
     node& operator=(const node&) = delete;
@@ -265,6 +288,8 @@ public:
     const crypto::peer_id& id() const noexcept { return state_->identity.id(); }
     const crypto::identity& identity() const noexcept { return state_->identity; }
     asio::any_io_executor get_executor() const { return state_->executor; }
+    /// The options the node was made with.
+    const node_options& options() const noexcept { return state_->options; }
 
     /// Starts accepting on `listener` (from the transport's listen()).
     /// A failed accept (e.g. out of file descriptors) is retried after a pause that doubles
@@ -371,12 +396,17 @@ private:
             , executor(t.executor())
             , identity(std::move(id))
             , options(std::move(opts))
+            , upload(detail::make_bucket(options.max_upload_rate))
+            , download(detail::make_bucket(options.max_download_rate))
             , sweep_timer(executor) {}
 
         Transport& transport;
         asio::any_io_executor executor;
         crypto::identity identity;
         node_options options;
+        /// The rate caps' buckets, shared by every connection (none: no cap).
+        std::shared_ptr<detail::token_bucket> upload;
+        std::shared_ptr<detail::token_bucket> download;
         std::vector<std::shared_ptr<listening>> listeners;
         node_statistics statistics; ///< the counters; the current figures are computed
         std::unordered_map<crypto::peer_id, std::vector<pooled_connection>> connections;
@@ -391,6 +421,11 @@ private:
         std::vector<std::shared_ptr<wakeup>> drain_waiters;
     };
     using state_ptr = std::shared_ptr<state>;
+    /// What a connection's secure session runs on: the transport's stream under the caps.
+    using capped_stream = detail::throttled_stream<stream_type, timer_type>;
+
+    /// `options`, if its rate caps are valid; else throws std::invalid_argument.
+    static node_options checked(node_options options);
 
     static void check_method(const std::string& method);
 

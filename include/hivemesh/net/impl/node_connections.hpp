@@ -9,8 +9,19 @@ namespace hivemesh::net {
 
 template <transport Transport>
 node<Transport>::node(Transport& transport, crypto::identity identity, node_options options)
-    : state_(std::make_shared<state>(transport, std::move(identity), std::move(options))) {
+    : state_(std::make_shared<state>(transport, std::move(identity), checked(std::move(options)))) {
     asio::co_spawn(state_->executor, sweep_idle(state_), asio::detached);
+}
+
+template <transport Transport>
+node_options node<Transport>::checked(node_options options) {
+    if (!is_valid_rate_limit(options.max_upload_rate))
+        throw std::invalid_argument("hivemesh::net::node_options::max_upload_rate: 0 (no cap) or "
+                                    "a finite number of bytes per second, at least 1");
+    if (!is_valid_rate_limit(options.max_download_rate))
+        throw std::invalid_argument("hivemesh::net::node_options::max_download_rate: 0 (no cap) "
+                                    "or a finite number of bytes per second, at least 1");
+    return options;
 }
 
 template <transport Transport>
@@ -51,6 +62,14 @@ node_statistics node<Transport>::statistics() const {
             out.open_streams += pooled.connection->stream_count();
             out.streams_refused += pooled.connection->statistics().streams_refused;
         }
+    if (const auto& up = state_->upload) {
+        out.upload_delayed_bytes = up->delayed_bytes();
+        out.upload_delay = up->delay();
+    }
+    if (const auto& down = state_->download) {
+        out.download_delayed_bytes = down->delayed_bytes();
+        out.download_delay = down->delay();
+    }
     return out;
 }
 
@@ -171,7 +190,7 @@ asio::awaitable<std::error_code> node<Transport>::secure(state_ptr st, stream_ty
                                                          std::optional<crypto::peer_id> expected,
                                                          std::shared_ptr<mux_connection>& out) {
     using namespace asio::experimental::awaitable_operators;
-    secure_stream<stream_type> stream(std::move(raw));
+    secure_stream<capped_stream> stream(capped_stream(std::move(raw), st->upload, st->download));
     timer_type timer(st->executor);
     timer.expires_after(st->options.dial_timeout);
     auto watchdog = [&]() -> asio::awaitable<std::error_code> {
@@ -204,7 +223,7 @@ asio::awaitable<std::error_code> node<Transport>::secure(state_ptr st, stream_ty
         mux.frame_payload = mux.encrypted_frame_payload;
     auto connection = std::make_shared<mux_connection>(
         st->executor,
-        std::make_unique<detail::secure_record_channel<stream_type>>(std::move(stream)), remote,
+        std::make_unique<detail::secure_record_channel<capped_stream>>(std::move(stream)), remote,
         side == crypto::role::dialer, mux);
     if (st->options.max_connections > 0) make_room(st);
     st->connections[remote].push_back({connection, ~std::uint64_t{0}, ++st->use_clock});
