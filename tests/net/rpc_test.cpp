@@ -746,6 +746,38 @@ TEST_CASE("a node's upload cap holds for all its connections together", "[net][r
     CHECK(arrivals.back().at - start >= in_seconds(static_cast<double>(2 * each - burst) / rate));
 }
 
+TEST_CASE("under an upload cap, a small call waits for one burst of bulk data, not for a "
+          "megabyte of it",
+          "[net][rpc][rate]") {
+    sim_world world;
+    world.network.set_default_link({5ms, 100'000'000, 0.0});
+    constexpr double rate = 1e6; // a burst of 64 KiB: 66 ms at the cap
+    net::node_options capped;
+    capped.max_upload_rate = rate;
+    host<sim_world> server(world, 1), client(world, 2, capped);
+    add_echo(server);
+    std::uint64_t received = 0;
+    add_sink(server, [&](const byte_buffer& m) { received += m.size(); });
+    constexpr std::uint64_t total = std::uint64_t{8} << 20;
+    auto done = spawn_flag(client.node->get_executor(), [&]() -> asio::awaitable<void> {
+        const auto chunk = random_bytes(1 << 20, 7);
+        const auto end = co_await upload_to_sink(client, server, total, chunk, 600s);
+        CHECK(end == asio::error::eof);
+    });
+    REQUIRE(world.run_until([&] { return received >= (2u << 20); }, 60s));
+    const auto asked = world.now();
+    auto small = start_call(*client.node, server.peer(), "echo", random_bytes(10, 8), 60s);
+    REQUIRE(world.run_until([&] { return small->done; }, 60s));
+    CHECK_FALSE(small->ec);
+    CHECK(received < total);
+    // The request waits for at most three writes of a burst each (66 ms at the cap): the rest
+    // of the batch being written, the bulk stream's next turn and its own. With megabyte
+    // batches it waited a second or more.
+    CHECK(world.now() - asked <= 250ms);
+    REQUIRE(world.run_until([&] { return *done; }, 60s));
+    CHECK(received == total);
+}
+
 TEST_CASE("an accept that keeps failing (no descriptors left) is retried after pauses, not in a "
           "busy loop, and the node accepts again once it can",
           "[net][rpc][tcp]") {

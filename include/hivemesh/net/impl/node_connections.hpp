@@ -221,6 +221,9 @@ asio::awaitable<std::error_code> node<Transport>::secure(state_ptr st, stream_ty
     mux_options mux = st->options.mux;
     if (stream.cipher() != crypto::cipher::plaintext)
         mux.frame_payload = mux.encrypted_frame_payload;
+    // Under an upload cap a batch waits for the bucket whole: keep it within a burst, so a
+    // small call queued behind bulk data waits one burst's time, not a megabyte's.
+    if (st->upload) mux.max_batch_bytes = std::min(mux.max_batch_bytes, st->upload->burst());
     auto connection = std::make_shared<mux_connection>(
         st->executor,
         std::make_unique<detail::secure_record_channel<capped_stream>>(std::move(stream)), remote,
