@@ -186,6 +186,7 @@ int run_peer(const options& o) {
     ao.averaging_timeout = 120s;
     ao.bandwidth = 1e9;
     ao.allreduce.codec = o.codec;
+    ao.allreduce.slow_link_codec.reset(); // --codec's, over any link: the swarm compares codecs
     std::vector<tensor::tensor_ref> tensors;
     tensors.emplace_back(values);
     averaging::averager<net::tcp::transport> averager(rpc, dht, endpoint, tensors, ao,

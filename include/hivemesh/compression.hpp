@@ -4,4 +4,5 @@
 #include "hivemesh/compression/adaptive.hpp"
 #include "hivemesh/compression/compress.hpp"
 #include "hivemesh/compression/kind.hpp"
+#include "hivemesh/compression/throughput.hpp"
 #include "hivemesh/compression/zstd.hpp"

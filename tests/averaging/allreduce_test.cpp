@@ -315,6 +315,93 @@ TEST_CASE("allreduce: blockwise_8bit parts give every peer the same values, clos
     }
 }
 
+TEST_CASE("allreduce: the adaptive codec choice compresses over links slower than the codec, "
+          "and not over faster ones",
+          "[allreduce][adaptive]") {
+    using compression::kind;
+    averaging::allreduce_options o;
+    o.codec_rate = 1e9;
+    CHECK(o.slow_link_codec == kind::blockwise_8bit); // on by default
+    CHECK(averaging::codec_for_link(o, 1e8) == kind::blockwise_8bit);
+    CHECK(averaging::codec_for_link(o, 2e9) == kind::none);
+    CHECK(averaging::codec_for_link(o, 1e9) == kind::none); // no faster either way
+    CHECK(averaging::codec_for_link(o, 0) == kind::none);   // unknown
+    o.codec = kind::float16;
+    CHECK(averaging::codec_for_link(o, 1e8) == kind::blockwise_8bit);
+    CHECK(averaging::codec_for_link(o, 2e9) == kind::float16);
+    o.slow_link_codec.reset();
+    CHECK(averaging::codec_for_link(o, 1e8) == kind::float16);
+    // A link is as slow as its slower known end; what a peer should not announce is unknown.
+    using averaging::detail::slower_link;
+    CHECK(slower_link(3, 5) == 3);
+    CHECK(slower_link(0, 5) == 5);
+    CHECK(slower_link(5, -1) == 5);
+    CHECK(slower_link(std::numeric_limits<double>::quiet_NaN(), 7) == 7);
+    CHECK(slower_link(std::numeric_limits<double>::infinity(), 0) == 0);
+}
+
+TEST_CASE("allreduce: with the measured codec rate, a group announcing less bandwidth sends "
+          "blockwise_8bit, one announcing more sends its values exactly",
+          "[allreduce][adaptive]") {
+    const double measured = compression::measured_throughput(compression::kind::blockwise_8bit);
+    REQUIRE(measured > 0);
+    REQUIRE(std::isfinite(measured));
+    CHECK(compression::measured_throughput(compression::kind::blockwise_8bit) == measured);
+    // Parts of 512 values (sized for `none`), whole blocks of 64: exact values stay exact
+    // in 8 bits, so both outcomes are checked exactly and told apart by the bytes sent.
+    auto options = allreduce_group<sim_world>::small_parts();
+    options.part_size_bytes = 4 * 512;
+    options.codec_options.block_size = 64;
+    for (const bool slow : {true, false}) {
+        INFO((slow ? "below" : "above") << " the measured rate " << measured);
+        allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 4096, options);
+        CHECK(g.peers[0].service->options().codec_rate == measured);
+        for (auto& m : g.group.members)
+            m.bandwidth = slow ? measured / 2 : measured * 2;
+        set_exact_values(g, {1, 4, 1, 2});
+        g.run(60s);
+        for (std::size_t i = 0; i < 4; ++i) {
+            const auto& [ec, result] = *g.peers[i].outcome;
+            REQUIRE_FALSE(ec);
+            REQUIRE(result.fraction_averaged() == 1.0);
+            g.check_consistent(i);
+            if (slow)
+                CHECK(result.bytes_sent * 3 < 4 * result.values_sent);
+            else
+                CHECK(result.bytes_sent > 4 * result.values_sent);
+        }
+    }
+}
+
+TEST_CASE("allreduce: one slow member gets and sends compressed values, the others exchange "
+          "theirs exactly, and every average goes out compressed",
+          "[allreduce][adaptive]") {
+    auto options = allreduce_group<sim_world>::small_parts();
+    options.part_size_bytes = 4 * 512;
+    options.codec_options.block_size = 64;
+    options.codec_rate = 1e9;
+    allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 4096, options);
+    for (auto& m : g.group.members)
+        m.bandwidth = 1e10;
+    g.group.members[3].bandwidth = 1e8;
+    set_exact_values(g, {1, 4, 1, 2});
+    g.run(60s);
+    for (std::size_t i = 0; i < 4; ++i) {
+        const auto& [ec, result] = *g.peers[i].outcome;
+        REQUIRE_FALSE(ec);
+        g.check_consistent(i);
+        // Values: 1024 to each of 3 reducers; averages: 1024 to each of 3 senders.
+        REQUIRE(result.values_sent == 6 * 1024);
+        // Member 3 sends everything in 8 bits (about 1 byte a value); the others send 1024
+        // values exactly (4 bytes each) to each fast reducer, 8 bits to member 3, and all their
+        // averages in 8 bits, since member 3 is among the senders of every span.
+        const std::size_t exact_values = i == 3 ? 0 : 2 * 1024;
+        const std::size_t compressed_values = result.values_sent - exact_values;
+        CHECK(result.bytes_sent >= 4 * exact_values + compressed_values);
+        CHECK(result.bytes_sent < 4 * exact_values + 2 * compressed_values);
+    }
+}
+
 TEST_CASE("allreduce: invalid arguments are refused with invalid_argument", "[allreduce]") {
     allreduce_group<sim_world> g(std::vector<member_role>(3, member_role::node), 300);
     auto expect_refused = [&](auto&& mutate) {

@@ -36,6 +36,7 @@
 #include "hivemesh/averaging/allreduce_wire.hpp"
 #include "hivemesh/averaging/group.hpp"
 #include "hivemesh/compression/compress.hpp"
+#include "hivemesh/compression/throughput.hpp"
 #include "hivemesh/core/async.hpp"
 #include "hivemesh/core/clock.hpp"
 #include "hivemesh/core/log.hpp"
@@ -79,6 +80,20 @@ struct allreduce_options {
     /// Codec for values and averages on the wire; `none` is exact.
     compression::kind codec = compression::kind::none;
     compression::options codec_options{};
+    /// The adaptive choice (see codec_for_link): where the link is slower than this peer
+    /// compresses and decompresses, a member sends with slow_link_codec instead of `codec`,
+    /// since the bytes it saves on the wire then take longer than the compression. The
+    /// link's rate comes from the group's announced bandwidths: for the values sent to a
+    /// reducer, the lesser of this member's and the reducer's; for the averages a reducer
+    /// returns (one message to every sender), the least of its own and the senders'. Unknown
+    /// figures (0) are left out; with none known, `codec` is used. std::nullopt turns the
+    /// choice off. Parts are sized by `codec` whatever a member picks, so the group agrees on
+    /// them, and a receiver reads each payload's codec from the payload.
+    std::optional<compression::kind> slow_link_codec = compression::kind::blockwise_8bit;
+    /// This peer's rate through slow_link_codec, compressing then decompressing, in float32
+    /// bytes per second (finite, at least 0); 0: compression::measured_throughput, measured
+    /// once per process when the service is made.
+    double codec_rate = 0;
     /// A reducer drops a sender that delivers nothing for this long.
     duration sender_timeout = 10s;
     /// A sender gives up on a reducer that makes no progress for this long; keep it above
@@ -163,7 +178,26 @@ struct allreduce_result {
     }
 };
 
+/// The codec of the adaptive choice for a link of `link_rate` bytes per second (0: unknown):
+/// options.slow_link_codec when it is set and options.codec_rate exceeds a known link rate,
+/// else options.codec. Compressing at rate C to a fraction f of the bytes, a transfer over a
+/// link of rate L takes max(1/C, f/L) per byte instead of 1/L: less exactly when C > L.
+inline compression::kind codec_for_link(const allreduce_options& options, double link_rate) {
+    if (options.slow_link_codec && link_rate > 0 && options.codec_rate > link_rate)
+        return *options.slow_link_codec;
+    return options.codec;
+}
+
 namespace detail {
+
+/// The lesser of two announced bandwidths, leaving out unknown ones (0, or what a peer
+/// should not have announced: negative, NaN or infinite); 0 when neither is known.
+inline double slower_link(double a, double b) noexcept {
+    const auto known = [](double x) { return x > 0 && std::isfinite(x) ? x : 0.0; };
+    a = known(a);
+    b = known(b);
+    return a > 0 && b > 0 ? std::min(a, b) : std::max(a, b);
+}
 
 /// Element ranges of the members' spans, in member order.
 struct span_range {
@@ -289,6 +323,11 @@ public:
         const double ratio = state_->options.max_norm_ratio;
         if (!(ratio == 0 || (ratio >= 1 && std::isfinite(ratio))))
             throw std::invalid_argument("allreduce_options::max_norm_ratio: 0 (off) or at least 1");
+        double& codec_rate = state_->options.codec_rate;
+        if (!(codec_rate >= 0 && std::isfinite(codec_rate)))
+            throw std::invalid_argument("allreduce_options::codec_rate: finite, at least 0");
+        if (state_->options.slow_link_codec && codec_rate == 0)
+            codec_rate = compression::measured_throughput(*state_->options.slow_link_codec);
         rpc.add_stream_handler(state_->options.method,
                                [weak = std::weak_ptr<service_state>(state_)](
                                    const net::call_context& context, net::call_stream& stream) {

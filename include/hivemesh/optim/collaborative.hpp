@@ -99,6 +99,9 @@ struct collaborative_options {
     /// it. Its momentum travels with the state.
     std::optional<sgd_options> outer_optimizer;
     /// Codecs on the wire: for gradients, and for parameters, optimizer state and downloads.
+    /// Where the group's announced bandwidths show a link slower than this peer compresses,
+    /// the rounds send gradients in blockwise_8bit and parameters and state in float16
+    /// instead (averaging.allreduce.slow_link_codec: std::nullopt turns that off).
     compression::kind grad_compression = compression::kind::none;
     compression::kind state_compression = compression::kind::none;
     /// node: trains, averages and serves state; client: trains and averages but reduces no
@@ -231,16 +234,20 @@ inline collaborative_options checked(collaborative_options o) {
 }
 
 /// The averager options of one kind of round: `prefix`, with the optimizer's role, times and
-/// `codec` over the user's averaging options.
+/// `codec` over the user's averaging options. Rounds of parameters or optimizer state
+/// (`state`) take float16, not 8 bits, on slow links when the adaptive choice is on: they
+/// carry the values themselves, not one step's noisy direction.
 inline averaging::averager_options round_options(const collaborative_options& o, std::string prefix,
                                                  averaging::member_role role,
-                                                 compression::kind codec) {
+                                                 compression::kind codec, bool state) {
     averaging::averager_options a = o.averaging;
     a.prefix = std::move(prefix);
     a.role = role;
     a.matchmaking_time = o.matchmaking_time;
     a.averaging_timeout = o.averaging_timeout;
     a.allreduce.codec = codec;
+    if (state && a.allreduce.slow_link_codec)
+        a.allreduce.slow_link_codec = compression::kind::float16;
     return a;
 }
 

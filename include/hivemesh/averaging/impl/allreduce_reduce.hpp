@@ -141,14 +141,15 @@ asio::awaitable<void> allreduce_service<Transport>::round::finish_part(std::size
                 return;
             }
             const auto& o = st->options;
+            const auto codec = result_codec();
             encode_result_head(message, static_cast<std::uint32_t>(p), part_contributors[p],
                                part_excluded[p]);
             const std::size_t head = message.size();
-            ec = compression::compress_into(o.codec, sum, message, o.codec_options);
+            ec = compression::compress_into(codec, sum, message, o.codec_options);
             if (ec) return;
             if (sends_values(role())) {
                 const auto mine = local.subspan(range.begin, range.size);
-                if (o.codec == compression::kind::none)
+                if (codec == compression::kind::none)
                     std::copy(sum.begin(), sum.end(), mine.begin());
                 else // hold exactly what the others decode
                     ec = compression::decompress_into(byte_view(message).subspan(head), mine);
@@ -157,7 +158,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::finish_part(std::size
                 std::vector<float> hostile(sum.begin(), sum.end());
                 hooks().rewrite_sent(me, p, hostile);
                 message.resize(head);
-                ec = compression::compress_into(o.codec, hostile, message, o.codec_options);
+                ec = compression::compress_into(codec, hostile, message, o.codec_options);
             }
         };
         co_await offload(st->reduce, average);

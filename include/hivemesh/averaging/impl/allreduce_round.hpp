@@ -112,6 +112,20 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
         const std::size_t begin = spans[k].begin + p * part_elements;
         return {begin, std::min(part_elements, spans[k].begin + spans[k].size - begin)};
     }
+    /// The codec of our values for member k, by the adaptive choice (codec_for_link).
+    compression::kind codec_to(std::size_t k) const {
+        return codec_for_link(st->options, detail::slower_link(group.members[me].bandwidth,
+                                                               group.members[k].bandwidth));
+    }
+    /// The codec of our span's averages: each is one message to every sender, so the slowest
+    /// of their links and ours counts.
+    compression::kind result_codec() const {
+        double rate = group.members[me].bandwidth;
+        for (std::size_t j = 0; j < group.size(); ++j)
+            if (j != me && sends_values(group.members[j].role))
+                rate = detail::slower_link(rate, group.members[j].bandwidth);
+        return codec_for_link(st->options, detail::slower_link(rate, 0));
+    }
     time_point now() const { return st->now(); }
     const allreduce_hooks& hooks() const { return st->hooks; }
     bool bounded() const { return st->options.max_norm_ratio > 0; }

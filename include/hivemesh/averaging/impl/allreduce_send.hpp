@@ -66,7 +66,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
     auto pack = [&] {
         const auto range = r.part_range(k, next_part);
         std::span<const float> values = r.local.subspan(range.begin, range.size);
-        const auto codec = r.st->options.codec;
+        const auto codec = r.codec_to(k);
         // Our values are checked here, part by part (the statistical codecs refuse
         // non-finite input themselves); the check also brings the part into cache.
         if (!compression::refuses_non_finite(codec) && !compression::all_finite(values)) {

@@ -109,15 +109,17 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
         const auto codec = o.outer_optimizer ? o.state_compression : o.grad_compression;
         st.rounds = std::make_unique<averager_type>(
             peer.rpc(), peer.dht(), announce, buffers,
-            detail::round_options(o, o.run_id + suffix, role, codec), st.compute);
+            detail::round_options(o, o.run_id + suffix, role, codec, o.outer_optimizer.has_value()),
+            st.compute);
     } else if (o.average_state_every != 1) {
         st.rounds = std::make_unique<averager_type>(
             peer.rpc(), peer.dht(), announce, values,
-            detail::round_options(o, o.run_id + "_params", role, o.state_compression), st.compute);
+            detail::round_options(o, o.run_id + "_params", role, o.state_compression, true),
+            st.compute);
     }
     st.state = std::make_unique<averager_type>(
         peer.rpc(), peer.dht(), announce, st.state_tensors,
-        detail::round_options(o, o.run_id, role, o.state_compression), st.compute);
+        detail::round_options(o, o.run_id, role, o.state_compression, true), st.compute);
 
     if (o.learning_rate_schedule) st.local.set_learning_rate(o.learning_rate_schedule(st.epoch));
     // A donor serves the snapshot of its latest epoch; aux peers' parameters are not trained.
