@@ -140,6 +140,24 @@ TEST_CASE("matchmaking: 16 peers under one key form 4 full groups of 4", "[match
     }
 }
 
+TEST_CASE("matchmaking: a group may be larger than max_pending_joins: accepted followers "
+          "hold no join slot",
+          "[matchmaking]") {
+    // 12 peers, one group of 12 wanted, while a leader answers at most 3 join requests at
+    // once. Counting its followers as pending capped every group at 4.
+    auto options = options_of(2, 12);
+    options.max_pending_joins = 3;
+    matchmaking_swarm s(12, options);
+    for (std::size_t i = 0; i < 12; ++i)
+        s.start(i, request_of(i));
+    s.wait_for_groups(1, 12);
+    for (std::size_t i = 0; i < 12; ++i) {
+        const auto stats = s.makers[i]->statistics();
+        CHECK(stats.peak_pending_joins <= 3);
+        CHECK(stats.pending_joins == 0);
+    }
+}
+
 TEST_CASE("matchmaking: small groups that gathered apart merge into a full one before "
           "anyone's window ends",
           "[matchmaking]") {

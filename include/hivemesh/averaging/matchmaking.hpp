@@ -63,11 +63,12 @@ struct matchmaking_options {
     duration group_slack = 5s;
     /// Between DHT reads while looking.
     duration poll_interval = 1s;
-    /// Join requests served at once, from their arrival until answered, accepted followers
-    /// waiting for their group included (so at least target_group_size - 1 makes sense).
-    /// One past it is refused at once with errc::refused, before its request is read, and
-    /// the requester asks its next candidate; so a flood of requests holds at most this
-    /// many handlers. At least 1.
+    /// Join requests served at once, from their arrival until answered. Accepted followers
+    /// waiting for their group no longer count: there are at most target_group_size - 1 of
+    /// them, so a large group is not capped here. One past it is refused at once with
+    /// errc::refused, before its request is read, and the requester asks its next
+    /// candidate; so a flood of requests holds at most this many handlers besides the
+    /// followers. At least 1.
     std::size_t max_pending_joins = 64;
     matchmaking_limits limits;
 };
@@ -78,7 +79,7 @@ struct matchmaking_statistics {
     std::uint64_t joins_served = 0;   ///< join requests taken within max_pending_joins
     std::uint64_t joins_accepted = 0; ///< ... of which answered `accepted` (followers)
     std::uint64_t joins_refused = 0;  ///< refused at once: max_pending_joins were pending
-    std::size_t pending_joins = 0;    ///< being served now
+    std::size_t pending_joins = 0;    ///< being served now, accepted followers aside
     std::size_t peak_pending_joins = 0;
     std::uint64_t requests_sent = 0;    ///< our join requests to leaders
     std::uint64_t requests_refused = 0; ///< ... that a leader refused with errc::refused
@@ -621,7 +622,7 @@ private:
         co_return co_await stream.write(encode(response));
     }
 
-    /// Counts a join request as pending while it lives.
+    /// Counts a join request as pending while it lives, or until release().
     struct pending_join {
         explicit pending_join(matchmaking_statistics& s) noexcept
             : stats(s) {
@@ -629,8 +630,13 @@ private:
         }
         pending_join(const pending_join&) = delete;
         pending_join& operator=(const pending_join&) = delete;
-        ~pending_join() { --stats.pending_joins; }
+        ~pending_join() { release(); }
+        void release() noexcept {
+            if (held) --stats.pending_joins;
+            held = false;
+        }
         matchmaking_statistics& stats;
+        bool held = true;
     };
 
     /// A join request from `context.remote`.
@@ -644,7 +650,7 @@ private:
             co_return make_error_code(errc::refused);
         }
         ++st->stats.joins_served;
-        const pending_join slot(st->stats);
+        pending_join slot(st->stats);
         byte_buffer message;
         {
             // A follower writes its request as soon as the call opens: one that does not
@@ -716,6 +722,7 @@ private:
 
         a->followers.push_back({context.remote, request.member});
         ++st->stats.joins_accepted;
+        slot.release(); // a follower: bounded by group_full above, not by max_pending_joins
         if (a->followers.size() + 1 == st->options.target_group_size)
             a->assemble();
         else
