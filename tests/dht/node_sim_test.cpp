@@ -252,6 +252,44 @@ TEST_CASE("a key is handed to a new node that becomes its nearest", "[dht][sim]"
     CHECK(handoffs >= 1);
 }
 
+TEST_CASE("a store's lookup asks about as many nodes as it stores on, and reaches the nearest",
+          "[dht][sim]") {
+    sim_swarm s;
+    s.options.maintenance_period = duration::zero(); // only the stores send requests
+    build(s, 200);
+    const auto requests = [&] {
+        std::uint64_t n = 0;
+        for (auto& m : s.members)
+            n += m.dht->statistics().requests_sent;
+        return n;
+    };
+    constexpr std::size_t key_count = 100;
+    const auto before = requests();
+    CHECK(store_keys(s, key_count, s.world.now() + 4min, 10) == key_count);
+    const double per_store =
+        static_cast<double>(requests() - before) / static_cast<double>(key_count);
+    WARN("requests per store: " << per_store);
+    // num_replicas store requests and the finds that locate those nodes; a search until
+    // the k (20) nearest answered sends about 25 in all.
+    CHECK(per_store <= 2.5 * static_cast<double>(s.options.num_replicas));
+    // The narrower search still reaches the num_replicas nearest nodes of every key.
+    const auto now = s.world.now();
+    std::size_t misplaced = 0;
+    for (std::size_t k = 0; k < key_count; ++k) {
+        const auto target = dht::id::of_key(key_of(k));
+        std::vector<std::size_t> order(s.members.size());
+        for (std::size_t i = 0; i < order.size(); ++i)
+            order[i] = i;
+        std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+            return dht::closer(target, s.members[a].dht->id(), s.members[b].dht->id());
+        });
+        for (std::size_t n = 0; n < s.options.num_replicas; ++n)
+            if (!s.members[order[n]].dht->local_storage().contains(target, now)) ++misplaced;
+    }
+    CHECK(misplaced == 0);
+    CHECK(find_keys(s, key_count) == key_count);
+}
+
 namespace {
 
 /// How the requests of a store flood ended, as their sender saw them.

@@ -5,7 +5,8 @@
 // and response feeds the routing table. Lookups are iterative and parallel: at most
 // `alpha` requests in flight per key, several keys batched into one request to a peer
 // that is a candidate for each of them; a key's search ends when the k nearest nodes seen
-// have all answered (or, for a plain get, when a value is found). Failing peers are
+// have all answered (a store's, when its num_replicas nearest have; a plain get's, when a
+// value is found). Failing peers are
 // blacklisted with exponential backoff and dropped from the routing table after repeated
 // failures. A maintenance loop expires values, refreshes stale buckets, re-bootstraps from
 // the initial peers (so a split swarm heals) and republishes the keys this node is a
@@ -488,10 +489,10 @@ private:
 
     static void add_candidate(const state_ptr& st, search& s, const contact_type& c,
                               std::size_t hop);
-    /// True when the search is over: a value found (plain get), or the k nearest live
-    /// candidates have all answered (requests to farther ones may still be out).
+    /// True when the search is over: a value found (plain get), or the search's `width`
+    /// nearest live candidates have all answered (requests to farther ones may still be out).
     static bool finished(const state_ptr& st, search& s);
-    /// The nearest candidate of `s` nobody has asked yet, among its k nearest live ones.
+    /// The nearest candidate of `s` nobody has asked yet, among its `width` nearest live ones.
     static candidate* next_candidate(const state_ptr& st, search& s);
     /// Sends every request the searches allow, batching keys per peer.
     static void launch(const state_ptr& st, const std::shared_ptr<lookup>& l);
@@ -499,10 +500,12 @@ private:
                                      std::vector<std::size_t> batch, byte_buffer request);
     /// Applies one reply to its searches.
     static void absorb(const state_ptr& st, lookup& l, reply& r);
-    /// Runs searches for `targets` to completion (or until the node closes).
+    /// Runs searches for `targets` to completion (or until the node closes); each ends
+    /// when its `width` nearest live candidates have answered (k for a get or a refresh,
+    /// num_replicas for a store), or at a value as finished() says.
     static asio::awaitable<std::vector<search>>
     run_lookup(state_ptr st, std::vector<dht::id> targets, bool want_value, bool latest,
-               std::optional<std::vector<contact_type>> start = std::nullopt);
+               std::size_t width, std::optional<std::vector<contact_type>> start = std::nullopt);
     /// The answered candidates of `s`, nearest first.
     static std::vector<contact_type> answered(const search& s, std::size_t count);
 

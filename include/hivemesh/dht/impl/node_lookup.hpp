@@ -32,6 +32,8 @@ struct node<Transport>::search {
     dht::id target;
     bool want_value = false;
     bool latest = false;
+    /// How many of the nearest live candidates must answer before the search ends.
+    std::size_t width = 0;
     std::map<dht::id, candidate> candidates; // by distance to target
     std::size_t in_flight = 0;
     std::size_t rounds = 0;
@@ -72,7 +74,7 @@ bool node<Transport>::finished(const state_ptr& st, search& s) {
     if (s.want_value && !s.latest && s.found) return s.done = true;
     std::size_t answered_count = 0;
     for (auto& [distance, c] : s.candidates) {
-        if (answered_count == st->options.routing.k) break;
+        if (answered_count == s.width) break;
         if (c.status == candidate_state::answered) {
             ++answered_count;
             continue;
@@ -90,7 +92,7 @@ auto node<Transport>::next_candidate(const state_ptr& st, search& s) -> candidat
     std::size_t live = 0;
     for (auto& [distance, c] : s.candidates) {
         if (c.status == candidate_state::failed) continue;
-        if (live++ == st->options.routing.k) break;
+        if (live++ == s.width) break;
         if (c.status != candidate_state::fresh) continue;
         if (blacklisted(st, c.contact.id)) {
             c.status = candidate_state::failed;
@@ -202,7 +204,8 @@ void node<Transport>::absorb(const state_ptr& st, lookup& l, reply& r) {
 
 template <net::transport Transport>
 auto node<Transport>::run_lookup(state_ptr st, std::vector<dht::id> targets, bool want_value,
-                                 bool latest, std::optional<std::vector<contact_type>> start)
+                                 bool latest, std::size_t width,
+                                 std::optional<std::vector<contact_type>> start)
     -> asio::awaitable<std::vector<search>> {
     auto l = std::make_shared<lookup>(st->executor);
     l->searches.resize(targets.size());
@@ -212,6 +215,7 @@ auto node<Transport>::run_lookup(state_ptr st, std::vector<dht::id> targets, boo
         s.target = targets[i];
         s.want_value = want_value;
         s.latest = latest;
+        s.width = width;
         for (const auto& c : start ? *start : st->table.nearest(s.target, st->options.routing.k))
             add_candidate(st, s, c, 1);
         st->table.mark_refreshed(s.target, now);

@@ -108,7 +108,7 @@ asio::awaitable<std::error_code> node<Transport>::rebootstrap(state_ptr st, bool
     std::vector<dht::id> own{st->self};
     std::optional<std::vector<contact_type>> start;
     if (!answered_peers.empty()) start = std::move(answered_peers);
-    co_await run_lookup(st, std::move(own), false, false, std::move(start));
+    co_await run_lookup(st, std::move(own), false, false, st->options.routing.k, std::move(start));
     if (all_buckets) co_await refresh(st, true);
     co_return std::error_code{};
 }
@@ -117,7 +117,7 @@ template <net::transport Transport>
 asio::awaitable<void> node<Transport>::refresh(state_ptr st, bool all) {
     const auto targets = st->table.refresh_targets(
         st->now(), all ? duration::zero() : st->options.refresh_interval, st->rng);
-    if (!targets.empty()) co_await run_lookup(st, targets, false, false);
+    if (!targets.empty()) co_await run_lookup(st, targets, false, false, st->options.routing.k);
 }
 
 template <net::transport Transport>
@@ -125,7 +125,8 @@ auto node<Transport>::find_nearest(state_ptr st, dht::id target, std::size_t cou
     -> asio::awaitable<std::pair<std::error_code, std::vector<contact_type>>> {
     using result = std::pair<std::error_code, std::vector<contact_type>>;
     std::vector<dht::id> targets{target};
-    auto searches = co_await run_lookup(st, std::move(targets), false, false);
+    auto searches =
+        co_await run_lookup(st, std::move(targets), false, false, st->options.routing.k);
     if (st->closed) co_return result{errc::cancelled, {}};
     auto nearest = answered(searches.front(), count);
     if (st->announce) {
@@ -198,7 +199,10 @@ node<Transport>::store_records(state_ptr st, std::vector<record> records) {
         if (added) targets.push_back(key);
         search_of[i] = it->second;
     }
-    auto searches = co_await run_lookup(st, targets, false, false);
+    // The search ends when the num_replicas nearest have answered, not the k nearest: the
+    // stores go to those alone, and waiting for k answers made a store cost about 20 finds,
+    // most of them to peers it never stores on (issue 21 §5).
+    auto searches = co_await run_lookup(st, targets, false, false, st->options.num_replicas);
     if (st->closed) co_return result{errc::cancelled, std::move(outcomes)};
     // Per record: the num_replicas nearest of the nodes that answered, and this node.
     std::map<crypto::peer_id, outgoing_store> outgoing;
@@ -309,7 +313,7 @@ node<Transport>::get_keys(state_ptr st, std::vector<byte_buffer> keys, get_optio
     if (targets.empty()) co_return result{std::error_code{}, std::move(entries)};
     if (st->table.size() == 0 && st->initial_peers.empty() && !st->announce)
         co_return result{errc::no_peers, std::move(entries)};
-    auto searches = co_await run_lookup(st, targets, true, options.latest);
+    auto searches = co_await run_lookup(st, targets, true, options.latest, st->options.routing.k);
     if (st->closed) co_return result{errc::cancelled, std::move(entries)};
     std::map<crypto::peer_id, outgoing_store> caching;
     std::vector<record> cached;
