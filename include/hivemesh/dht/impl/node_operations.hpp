@@ -200,8 +200,8 @@ node<Transport>::store_records(state_ptr st, std::vector<record> records) {
         search_of[i] = it->second;
     }
     // The search ends when the num_replicas nearest have answered, not the k nearest: the
-    // stores go to those alone, and waiting for k answers made a store cost about 20 finds,
-    // most of them to peers it never stores on (issue 21 §5).
+    // stores go to those alone, and waiting for k answers costs about 20 finds a store,
+    // most of them to peers it never stores on.
     auto searches = co_await run_lookup(st, targets, false, false, st->options.num_replicas);
     if (st->closed) co_return result{errc::cancelled, std::move(outcomes)};
     // Per record: the num_replicas nearest of the nodes that answered, and this node.
