@@ -4,12 +4,12 @@
 
 #include "hivemesh/compression/compress.hpp"
 #include "hivemesh/compression/kind.hpp"
+#include "hivemesh/core/random.hpp"
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
-#include <cstdint>
 #include <mutex>
 #include <span>
 #include <vector>
@@ -24,13 +24,9 @@ namespace hivemesh::compression {
 inline double measure_throughput(kind k, std::size_t elements = std::size_t{1} << 18,
                                  int repeats = 3) {
     std::vector<float> values(std::max<std::size_t>(elements, 1)), decoded(values.size());
-    std::uint32_t state = 0x9E3779B9u; // xorshift: no dependency on the core layer's RNG
-    for (auto& v : values) {
-        state ^= state << 13;
-        state ^= state >> 17;
-        state ^= state << 5;
-        v = static_cast<float>(static_cast<std::int32_t>(state)) * 0x1p-31f * 0.01f;
-    }
+    random_generator rng(1);
+    for (auto& v : values)
+        v = static_cast<float>(0.01 * rng.normal());
     byte_buffer packed;
     packed.reserve(compressed_size(k, values.size()));
     using clock = std::chrono::steady_clock;
