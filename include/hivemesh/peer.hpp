@@ -21,7 +21,6 @@
 #include "hivemesh/dht/validator.hpp"
 #include "hivemesh/net/address.hpp"
 #include "hivemesh/net/node.hpp"
-#include "hivemesh/net/rate_limit.hpp"
 #include "hivemesh/net/tcp.hpp"
 
 #include <asio/bind_executor.hpp>
@@ -271,12 +270,8 @@ basic_peer<Transport>::basic_peer(Transport transport, peer_options options,
     : transport_(std::move(transport))
     , options_(std::move(options))
     , compute_(std::move(compute)) {
-    if (!net::is_valid_rate_limit(options_.rpc.max_upload_rate))
-        detail::throw_bad_option("rpc.max_upload_rate: 0 (no cap) or a finite number of bytes "
-                                 "per second, at least 1");
-    if (!net::is_valid_rate_limit(options_.rpc.max_download_rate))
-        detail::throw_bad_option("rpc.max_download_rate: 0 (no cap) or a finite number of bytes "
-                                 "per second, at least 1");
+    if (const auto error = net::rate_limit_error(options_.rpc); !error.empty())
+        detail::throw_bad_option("rpc." + error);
     for (const auto& text : options_.initial_peers) {
         auto [address, endpoint] = detail::parse_peer_address<Transport>(text, "initial peer");
         if (!address.peer)

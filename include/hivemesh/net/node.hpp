@@ -86,6 +86,17 @@ struct node_options {
     double max_download_rate = 0;
 };
 
+/// What is wrong with `options`' rate caps, naming the field ("max_upload_rate: ..."), or
+/// an empty string when both are valid (is_valid_rate_limit).
+inline std::string rate_limit_error(const node_options& options) {
+    constexpr const char* valid = ": 0 (no cap) or a finite number of bytes per second, at least 1";
+    if (!is_valid_rate_limit(options.max_upload_rate))
+        return std::string("max_upload_rate") + valid;
+    if (!is_valid_rate_limit(options.max_download_rate))
+        return std::string("max_download_rate") + valid;
+    return {};
+}
+
 /// Counters and current figures of a node, for monitoring and tests.
 struct node_statistics {
     std::uint64_t accept_errors = 0;       ///< accepts that failed (e.g. out of descriptors)

@@ -120,11 +120,11 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
     /// The codec of our span's averages: each is one message to every sender, so the slowest
     /// of their links and ours counts.
     compression::kind result_codec() const {
-        double rate = group.members[me].bandwidth;
+        double rate = 0;
         for (std::size_t j = 0; j < group.size(); ++j)
-            if (j != me && sends_values(group.members[j].role))
+            if (j == me || sends_values(group.members[j].role))
                 rate = detail::slower_link(rate, group.members[j].bandwidth);
-        return codec_for_link(st->options, detail::slower_link(rate, 0));
+        return codec_for_link(st->options, rate);
     }
     time_point now() const { return st->now(); }
     const allreduce_hooks& hooks() const { return st->hooks; }

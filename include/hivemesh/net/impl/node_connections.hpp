@@ -15,12 +15,8 @@ node<Transport>::node(Transport& transport, crypto::identity identity, node_opti
 
 template <transport Transport>
 node_options node<Transport>::checked(node_options options) {
-    if (!is_valid_rate_limit(options.max_upload_rate))
-        throw std::invalid_argument("hivemesh::net::node_options::max_upload_rate: 0 (no cap) or "
-                                    "a finite number of bytes per second, at least 1");
-    if (!is_valid_rate_limit(options.max_download_rate))
-        throw std::invalid_argument("hivemesh::net::node_options::max_download_rate: 0 (no cap) "
-                                    "or a finite number of bytes per second, at least 1");
+    if (const auto error = rate_limit_error(options); !error.empty())
+        throw std::invalid_argument("hivemesh::net::node_options::" + error);
     return options;
 }
 
