@@ -479,6 +479,41 @@ TEST_CASE("allreduce: a non-finite value of our own ends our round with invalid_
         }
 }
 
+TEST_CASE("allreduce: senders wait past join_wait for a member that expects the group",
+          "[allreduce]") {
+    // Member 2 starts 3 s after the others, as a scheduled step triggered late: expecting the
+    // group, it still gets every part; not expecting it, the others give up on it after 1 s.
+    for (const bool expecting : {true, false}) {
+        INFO("expecting: " << expecting);
+        auto options = allreduce_group<sim_world>::small_parts();
+        options.join_wait = 1s;
+        options.sender_timeout = 8s;
+        options.reducer_timeout = 10s;
+        allreduce_group<sim_world> g(std::vector<member_role>(3, member_role::node), 1000, options);
+        using service_type = allreduce_group<sim_world>::service_type;
+        std::optional<service_type::expectation> expected;
+        if (expecting) expected.emplace(g.peers[2].service->expect(g.group.id));
+        g.start(0, 60s);
+        g.start(1, 60s);
+        g.world.network.time().run_for(3s);
+        g.start(2, 60s);
+        g.wait();
+        expected.reset();
+        for (std::size_t i = 0; i < 3; ++i) {
+            INFO("peer " << i);
+            REQUIRE_FALSE(g.peers[i].outcome->first);
+            const auto& result = g.peers[i].outcome->second;
+            g.check_consistent(i);
+            if (expecting) {
+                CHECK(result.fraction_averaged() == 1.0);
+            } else if (i != 2) { // member 2's span came back to no one
+                CHECK(result.parts.back().reducer == 2);
+                CHECK_FALSE(result.parts.back().averaged());
+            }
+        }
+    }
+}
+
 TEST_CASE("allreduce: a member of another group, a stranger and malformed parts are refused",
           "[allreduce]") {
     auto options = allreduce_group<sim_world>::small_parts();

@@ -99,7 +99,8 @@ struct allreduce_options {
     /// A sender gives up on a reducer that makes no progress for this long; keep it above
     /// sender_timeout, since a reducer waits that long for a missing sender.
     duration reducer_timeout = 20s;
-    /// How long an incoming sender may wait for this peer to start the same round.
+    /// How long an incoming sender may wait for this peer to start the same round; for a
+    /// group this peer expects (allreduce_service::expect), reducer_timeout instead.
     duration join_wait = 5s;
     /// Largest group accepted.
     std::size_t max_group_size = 1024;
@@ -339,6 +340,10 @@ public:
     /// Cancels rounds still running; their completions still run.
     ~allreduce_service();
 
+    class expectation;
+    /// See expectation; call on the node's executor.
+    expectation expect(const group_id& group);
+
     /// Test hooks; set before starting rounds.
     void set_hooks(allreduce_hooks hooks) { state_->hooks = std::move(hooks); }
     const allreduce_options& options() const noexcept { return state_->options; }
@@ -396,14 +401,50 @@ private:
         /// a reducer adds parts in an order that does not depend on addresses (a simulated
         /// swarm then gives the same sums for the same seed).
         std::vector<timer_type*> joiners;
+        std::map<group_id, std::size_t> expected; ///< groups with live expectations: their count
         /// The last round's sums when they were larger than detail::always_mapped_bytes,
         /// kept for the next round (see there).
         detail::uninitialized_floats spare_sums;
 
         time_point now() const { return net::transport_now<Transport>(executor); }
+        void wake_joiners() {
+            for (auto* joiner : joiners)
+                joiner->cancel();
+        }
     };
     using state_ptr = std::shared_ptr<service_state>;
 
+public:
+    /// While alive, incoming senders of a group this peer belongs to but has not started
+    /// yet wait for its round up to reducer_timeout (the longest a sender waits for a
+    /// reducer) rather than join_wait: e.g. from the group's forming to the trigger of a
+    /// scheduled step, which may come later here than at other members. Destroy it on the
+    /// node's executor.
+    class expectation {
+    public:
+        expectation(expectation&& other) noexcept
+            : st_(std::move(other.st_))
+            , id_(other.id_) {}
+        expectation& operator=(expectation&&) = delete;
+        ~expectation() {
+            if (!st_) return;
+            auto& count = st_->expected[id_];
+            if (--count == 0) st_->expected.erase(id_);
+            st_->wake_joiners(); // those waiting on it give up now, unless the round runs
+        }
+
+    private:
+        friend class allreduce_service;
+        expectation(state_ptr st, const group_id& id)
+            : st_(std::move(st))
+            , id_(id) {
+            ++st_->expected[id_];
+        }
+        state_ptr st_;
+        group_id id_;
+    };
+
+private:
     // ---- plumbing ------------------------------------------------------------------------
 
     template <class Token>
@@ -443,6 +484,11 @@ private:
 
     state_ptr state_;
 };
+
+template <net::transport Transport>
+auto allreduce_service<Transport>::expect(const group_id& group) -> expectation {
+    return expectation(state_, group);
+}
 
 } // namespace hivemesh::averaging
 

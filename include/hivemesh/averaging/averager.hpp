@@ -286,6 +286,8 @@ private:
         control->on_trigger_ = nullptr;
         if (ec) co_return out_type{ec, {}};
 
+        // Members triggered before us may send to us meanwhile.
+        const auto expecting = allreduce_.expect(group.id);
         while (!control->triggered_)
             if (auto cancelled = co_await control->ready_.wait())
                 co_return out_type{errc::cancelled, {}};

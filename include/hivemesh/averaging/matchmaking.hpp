@@ -3,12 +3,12 @@
 //
 // A peer looking for a group declares itself under the DHT key "<prefix>.0b<bits>" (subkey:
 // its owner marker "[owner:<base58 Ed25519 public key>]", so the DHT signs the declaration
-// and refuses anyone else's store or withdrawal there; value: its listen address without a
-// PeerId; expiration: the end of its search window). Readers take the PeerId from the
-// marker's key and skip subkeys that are not one marker; a dial checks that PeerId, so an
-// address that belongs to someone else leads nowhere. Peers are ordered by (expiration,
-// PeerId). A peer asks the earliest declared peers before it to lead it, one at a time; a
-// leader accepts later peers (and clients, which never lead) until the group reaches
+// and refuses anyone else's store or withdrawal there; value: its schema hash (u64) and
+// listen address without a PeerId; expiration: the end of its search window). Readers take
+// the PeerId from the marker's key, skip subkeys that are not one marker and peers of another
+// schema hash; a dial checks that PeerId, so an address that belongs to someone else leads
+// nowhere. Peers are ordered by (expiration, PeerId). A peer asks the earliest declared
+// peers before it to lead it, one at a time; a leader accepts later peers (and clients, which never lead) until the group reaches
 // target_group_size or holds the members the search expects
 // (match_request::expected_members), or until its own expiration if it then has at least
 // min_group_size members, and then sends every follower the group: a fresh id and the
@@ -412,11 +412,12 @@ private:
         co_return std::pair{std::error_code{}, std::move(*found)};
     }
 
-    /// Stores our declaration: our address, until the end of our window (signed by the DHT
-    /// node's owner_validator).
+    /// Stores our declaration: our schema hash and address, until the end of our window
+    /// (signed by the DHT node's owner_validator).
     static asio::awaitable<void> declare(state_ptr st, attempt& a) {
         byte_buffer value;
         binary_writer w(value);
+        w.write(a.request.schema_hash);
         Transport::to_address(*st->announce).write_without_peer(w);
         auto [ec, outcome] =
             co_await st->dht->async_store(as_bytes(a.key), st->own_subkey, value, a.expiration);
@@ -459,8 +460,8 @@ private:
     }
 
     /// The declared peers that could lead us, earliest first. Skips subkeys that are not one
-    /// owner marker (the DHT checked the signatures of those that are), withdrawals, and
-    /// addresses we cannot dial.
+    /// owner marker (the DHT checked the signatures of those that are), withdrawals, other
+    /// schema hashes (peers that would refuse us), and addresses we cannot dial.
     static asio::awaitable<std::vector<candidate>> fetch(state_ptr st, attempt& a) {
         dht::get_options options;
         options.latest = true;
@@ -479,8 +480,11 @@ private:
                 !(std::pair(value.expiration, id) < std::pair(a.expiration, st->rpc->id())))
                 continue;
             binary_reader reader(value.value);
+            const auto schema_hash = reader.read<std::uint64_t>();
             auto address = net::peer_address::read_without_peer(reader);
-            if (reader.finish() || !Transport::to_endpoint(address)) continue;
+            if (reader.finish() || schema_hash != a.request.schema_hash ||
+                !Transport::to_endpoint(address))
+                continue;
             out.push_back({value.expiration, id, std::move(address)});
         }
         std::sort(out.begin(), out.end(), [](const candidate& x, const candidate& y) {

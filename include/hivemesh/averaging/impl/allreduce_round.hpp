@@ -310,8 +310,7 @@ allreduce_service<Transport>::round::run(std::shared_ptr<round> self) {
     if (!r.st->rounds.try_emplace(r.group.id, self).second)
         co_return std::pair{make_error_code(errc::invalid_argument), allreduce_result{}};
     r.registered = true;
-    for (auto* joiner : r.st->joiners)
-        joiner->cancel();
+    r.st->wake_joiners();
     r.deadline_timer.expires_after(r.timeout);
     r.deadline_timer.async_wait([weak = std::weak_ptr<round>(self)](std::error_code ec) {
         if (auto r = weak.lock(); r && !ec) r->abort(errc::timeout);
@@ -499,7 +498,7 @@ allreduce_service<Transport>::serve(std::weak_ptr<service_state> weak,
     if (decode(first, begin)) co_return make_error_code(errc::protocol_violation);
     auto st = weak.lock();
     if (!st) co_return make_error_code(errc::refused);
-    const time_point give_up = st->now() + st->options.join_wait;
+    const time_point arrived = st->now();
     std::shared_ptr<round> r;
     while (true) {
         if (const auto it = st->rounds.find(begin.group); it != st->rounds.end())
@@ -507,12 +506,19 @@ allreduce_service<Transport>::serve(std::weak_ptr<service_state> weak,
         if (r && !r->finished && !r->spans.empty()) break;
         r.reset();
         const time_point t = st->now();
+        const time_point give_up =
+            arrived + (st->expected.contains(begin.group) ? st->options.reducer_timeout
+                                                          : st->options.join_wait);
         if (t >= give_up) co_return make_error_code(errc::unknown_group);
         timer_type timer(st->executor);
         timer.expires_after(std::min<duration>(give_up - t, 100ms));
         st->joiners.push_back(&timer);
+        struct unlist { // also when the frame is destroyed while it waits
+            service_state* st;
+            timer_type* timer;
+            ~unlist() { std::erase(st->joiners, timer); }
+        } const listed{st.get(), &timer};
         co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-        std::erase(st->joiners, &timer);
     }
     if (auto ec = r->check_begin(begin, context.remote)) co_return ec;
     co_return co_await round::serve_sender(r, begin, stream);
