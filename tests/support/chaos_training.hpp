@@ -126,8 +126,8 @@ public:
         for (std::size_t j = 0; j < o.elements; ++j)
             swarm_target_[j] = std::sin(0.05f * static_cast<float>(j));
         peers_.dht_options.cache_on_get = o.cache_on_get;
-        // The DHT's upkeep as a real swarm runs it (re-bootstrap, refresh, republish): it is
-        // what rejoins the two halves' routing tables after the partition heals.
+        // The DHT's upkeep (re-bootstrap, refresh, republish) as a real swarm runs it, which
+        // sim_peers turns off for tests that drive every step themselves.
         peers_.dht_options.maintenance_period = dht::node_options{}.maintenance_period;
         peers_.on_node_added = [this](net::sim::node_id node) { connect(node); };
     }

@@ -8,12 +8,12 @@
 // the PeerId from the marker's key, skip subkeys that are not one marker and peers of another
 // schema hash; a dial checks that PeerId, so an address that belongs to someone else leads
 // nowhere. Peers are ordered by (expiration, PeerId). A peer asks the earliest declared
-// peers before it to lead it, one at a time; a leader accepts later peers (and clients, which never lead) until the group reaches
-// target_group_size or holds the members the search expects
-// (match_request::expected_members), or until its own expiration if it then has at least
-// min_group_size members, and then sends every follower the group: a fresh id and the
-// ordered members (leader first, then followers in the order they joined) with what each
-// told about itself (role, bandwidth, user bytes). Refusals carry a reason (join_status);
+// peers before it to lead it, one at a time; a leader accepts later peers (and clients,
+// which never lead) until the group reaches target_group_size or holds the members the
+// search expects (match_request::expected_members), or until its own expiration if it then
+// has at least min_group_size members, and then sends every follower the group: a fresh id
+// and the ordered members (leader first, then followers in the order they joined) with what
+// each told about itself (role, bandwidth, user bytes). Refusals carry a reason (join_status);
 // a peer that follows someone refuses with `not_a_leader` and names its leader. A peer
 // with followers keeps looking for earlier leaders (every poll_interval): peers that start
 // together see each other's declarations only partly and first gather in small groups, and
