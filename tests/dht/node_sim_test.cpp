@@ -224,6 +224,70 @@ TEST_CASE("two halves that grew apart during a partition join into one swarm aft
     }
 }
 
+TEST_CASE("halves whose tables dropped each other during a partition meet again through the "
+          "contacts they lost, before any re-bootstrap",
+          "[dht][sim]") {
+    sim_swarm s;
+    s.options.rebootstrap_interval = 24h; // only the lost contacts can rejoin the halves
+    s.options.routing.max_failures = 1;   // one failed request drops a contact
+    build(s, 20);                         // with k = 20 every lookup asks every node it knows
+    std::vector<net::sim::node_id> second_half;
+    for (std::size_t i = 10; i < 20; ++i)
+        second_half.push_back(s.members[i].transport->node());
+    const auto knows_other_half = [&](std::size_t i) {
+        bool knows = false;
+        s.members[i].dht->table().for_each([&](const auto& c) {
+            if ((c.endpoint.node >= s.members[10].transport->node()) != (i >= 10)) knows = true;
+        });
+        return knows;
+    };
+    const auto bridged = [&] {
+        std::size_t n = 0;
+        for (std::size_t i = 0; i < 20; ++i)
+            n += knows_other_half(i) ? 1 : 0;
+        return n;
+    };
+    CHECK(bridged() == 20);
+
+    s.world.network.partition(second_half);
+    std::size_t pending = 20;
+    for (std::size_t i = 0; i < 20; ++i)
+        s.members[i].dht->async_find_nearest(
+            dht::id::of_key(key_of(1000 + i)), 5,
+            [&](std::error_code, const std::vector<sim_swarm::dht_node_type::contact_type>&) {
+                --pending;
+            });
+    test::wait_all(s.world, pending);
+    CHECK(bridged() == 0);
+    // A key stored on each side while split.
+    const auto t0 = s.world.now();
+    for (const std::size_t from : {0, 10}) {
+        auto [ec, outcome] =
+            test::wait_for<std::error_code, dht::store_outcome>(s.world, [&](auto handler) {
+                s.members[from].dht->async_store(dht::record{.key = key_of(from),
+                                                             .subkey = std::nullopt,
+                                                             .value = value_of(from),
+                                                             .expiration = t0 + 5min,
+                                                             .signature = {}},
+                                                 handler);
+            });
+        CHECK_FALSE(ec);
+    }
+
+    s.world.network.heal();
+    s.world.network.time().run_for(30s); // six maintenance periods
+    CHECK(bridged() == 20);
+    for (const std::size_t from : {0, 10}) {
+        const std::size_t reader = 19 - from; // on the other side
+        auto [ec, entry] =
+            test::wait_for<std::error_code, dht::key_entry>(s.world, [&](auto handler) {
+                s.members[reader].dht->async_get(key_of(from), {}, handler);
+            });
+        CHECK_FALSE(ec);
+        CHECK((entry.plain && entry.plain->value == value_of(from)));
+    }
+}
+
 TEST_CASE("a key is handed to a new node that becomes its nearest", "[dht][sim]") {
     sim_swarm s;
     build(s, 40);

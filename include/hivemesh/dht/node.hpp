@@ -99,6 +99,13 @@ struct node_options {
     duration rebootstrap_interval = 60s;
     /// Keys this node is a replica of are stored again on their nearest nodes this often.
     duration republish_interval = 300s;
+    /// Contacts dropped from the table for failing are remembered (the latest
+    /// max_lost_contacts, each for lost_contact_memory), and lost_contact_pings of them are
+    /// pinged every maintenance period, in turn: when a partition heals, its sides find each
+    /// other again within a few periods rather than at the next re-bootstrap.
+    std::size_t max_lost_contacts = 64;
+    std::size_t lost_contact_pings = 2;
+    duration lost_contact_memory = 10min;
     /// How long a peer that sent a malformed request is refused.
     duration penalty = 60s;
     /// Backoff of a failing peer: base doubled per consecutive failure, up to max.
@@ -403,6 +410,8 @@ private:
         std::unordered_map<dht::id, blacklist_entry> blacklist;
         std::unordered_map<crypto::peer_id, time_point> penalised;
         std::set<dht::id> pinging; // eviction pings under way
+        /// Contacts dropped for failing, oldest pinged first, with when they were dropped.
+        std::deque<std::pair<contact_type, time_point>> lost;
         time_point last_bootstrap{};
         time_point last_republish{};
         node_statistics stats;
@@ -439,7 +448,9 @@ private:
     static bool blacklisted(const state_ptr& st, const dht::id& node);
     /// A peer answered us or sent us a valid request from where it listens.
     static void note_alive(const state_ptr& st, const contact_type& c);
-    static void note_failure(const state_ptr& st, const dht::id& node);
+    static void note_failure(const state_ptr& st, const contact_type& c);
+    /// Pings the next options.lost_contact_pings lost contacts, forgetting expired ones.
+    static void ping_lost(const state_ptr& st);
     /// Pings the least-recently-seen contact of a full bucket; its failure lets a newer
     /// contact in.
     static asio::awaitable<void> check_alive(state_ptr st, contact_type c);

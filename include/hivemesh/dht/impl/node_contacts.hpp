@@ -34,6 +34,8 @@ bool node<Transport>::blacklisted(const state_ptr& st, const dht::id& node) {
 template <net::transport Transport>
 void node<Transport>::note_alive(const state_ptr& st, const contact_type& c) {
     st->blacklist.erase(c.id);
+    if (!st->lost.empty())
+        std::erase_if(st->lost, [&](const auto& entry) { return entry.first.id == c.id; });
     const auto outcome = st->table.on_seen(c, st->now());
     if (outcome.ping_candidate && !st->pinging.contains(outcome.ping_candidate->id)) {
         st->pinging.insert(outcome.ping_candidate->id);
@@ -43,12 +45,32 @@ void node<Transport>::note_alive(const state_ptr& st, const contact_type& c) {
 }
 
 template <net::transport Transport>
-void node<Transport>::note_failure(const state_ptr& st, const dht::id& node) {
-    st->table.on_failure(node);
-    auto& entry = st->blacklist[node];
+void node<Transport>::note_failure(const state_ptr& st, const contact_type& c) {
+    if (st->table.on_failure(c.id) && st->options.max_lost_contacts > 0) {
+        if (st->lost.size() >= st->options.max_lost_contacts) st->lost.pop_front();
+        st->lost.emplace_back(c, st->now());
+    }
+    auto& entry = st->blacklist[c.id];
     entry.failures = std::min(entry.failures + 1, 30u);
     auto backoff = st->options.blacklist_base * (std::int64_t{1} << (entry.failures - 1));
     entry.until = st->now() + std::min(backoff, st->options.blacklist_max);
+}
+
+template <net::transport Transport>
+void node<Transport>::ping_lost(const state_ptr& st) {
+    const auto now = st->now();
+    std::erase_if(st->lost, [&](const auto& entry) {
+        return entry.second + st->options.lost_contact_memory <= now;
+    });
+    for (std::size_t n = 0; n < st->options.lost_contact_pings && n < st->lost.size(); ++n) {
+        // In turn: the pinged contact goes to the back until it answers (note_alive).
+        auto entry = st->lost.front();
+        st->lost.pop_front();
+        st->lost.push_back(entry);
+        asio::co_spawn(st->executor,
+                       call(st, entry.first, "dht.ping", encode(ping_request{sender(st)})),
+                       asio::detached);
+    }
 }
 
 template <net::transport Transport>
@@ -69,7 +91,7 @@ asio::awaitable<net::call_result> node<Transport>::call(state_ptr st, contact_ty
     if (st->closed) co_return net::call_result{errc::cancelled, {}};
     if (ec) {
         ++st->stats.requests_failed;
-        note_failure(st, c.id);
+        note_failure(st, c);
     } else {
         note_alive(st, c);
     }

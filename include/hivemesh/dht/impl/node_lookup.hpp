@@ -150,7 +150,7 @@ asio::awaitable<void> node<Transport>::ask(state_ptr st, std::shared_ptr<lookup>
         r.ec = decode(raw, r.response, st->options.messages);
         if (!r.ec && r.response.results.size() != r.searches.size())
             r.ec = errc::protocol_violation;
-        if (r.ec) note_failure(st, r.from.id);
+        if (r.ec) note_failure(st, r.from);
     }
     l->replies.push_back(std::move(r));
     --l->in_flight;

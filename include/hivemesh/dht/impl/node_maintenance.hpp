@@ -79,6 +79,7 @@ asio::awaitable<void> node<Transport>::maintain(state_ptr st) {
             return entry.second.until + st->options.blacklist_max < now;
         });
         std::erase_if(st->penalised, [&](const auto& entry) { return entry.second <= now; });
+        ping_lost(st);
         if (!st->initial_peers.empty() &&
             (st->table.size() == 0 ||
              now - st->last_bootstrap >= st->options.rebootstrap_interval)) {
