@@ -125,6 +125,39 @@ TEST_CASE("averager: a scheduled step matches now and averages once triggered", 
     CHECK(s.first[3][0] == s.first[0][0]);
 }
 
+TEST_CASE("averager: a lower count of the members expected forms the group at once", "[averager]") {
+    // Three peers in groups of up to 4 with 6 s windows; each control expects 4 members.
+    averager_swarm s(3, 0, 4);
+    const auto start = s.dht.world.now();
+    std::size_t pending = 3;
+    std::optional<time_point> done;
+    std::vector<std::shared_ptr<averaging::step_control>> controls;
+    for (auto& a : s.averagers) {
+        controls.push_back(a->make_control(0, 4));
+        a->async_scheduled_step(controls.back(), [&](std::error_code ec, averaging::step_result r) {
+            CHECK_FALSE(ec);
+            CHECK(r.group_size == 3);
+            if (--pending == 0) done = s.dht.world.now();
+        });
+    }
+    for (auto& c : controls)
+        c->trigger();
+    s.dht.world.network.time().run_for(3s); // every peer has joined the leader by now
+    CHECK(pending == 3);
+    SECTION("told after the trigger that 3 are expected") {
+        for (auto& c : controls)
+            c->expect(3);
+        REQUIRE(s.dht.world.run_until([&] { return pending == 0; }, 60s));
+        CHECK(*done - start < 4s);
+        CHECK(controls[0]->expected_members() == 3);
+    }
+    SECTION("otherwise the group waits for the fourth member until the window ends") {
+        REQUIRE(s.dht.world.run_until([&] { return pending == 0; }, 60s));
+        CHECK(*done - start >= 6s);
+        CHECK(controls[0]->expected_members() == 4);
+    }
+}
+
 TEST_CASE("averager: a peer alone gets too_few_peers and keeps its values", "[averager]") {
     averager_swarm s(1, 1, 4);
     const auto before = s.first[0];

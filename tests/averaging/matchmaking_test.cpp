@@ -345,8 +345,7 @@ averaging::match_request expecting_request(std::size_t i, const bool& ready) {
     auto r = request_of(i);
     r.window = 10s;
     r.role = i == 3 ? member_role::aux : member_role::node;
-    r.expected_members = 3;
-    r.ready = [&ready] { return ready; };
+    r.expected = [&ready] { return ready ? std::size_t{3} : 0; };
     return r;
 }
 

@@ -632,6 +632,50 @@ TEST_CASE("a peer killed mid-epoch does not stop the others", "[optim][collabora
     CHECK(a.model.values() == b.model.values());
 }
 
+TEST_CASE("after a partition heals, the half an epoch behind forms its round without waiting "
+          "for the half ahead",
+          "[optim][collaborative][sim]") {
+    // A and B are slow (32 samples every 2 s together), C and D fast. Cut off from A and B,
+    // C and D end epoch 0 in a group of two when their window ends (they still count A and
+    // B, whose records are at epoch 0) and stop at epoch 1. After the heal, A and B learn
+    // that the swarm is at epoch 1 and end epoch 0 at once; C and D, at epoch 1, have had
+    // their round of epoch 0, so A and B expect only each other.
+    collaborative_swarm swarm(33);
+    // The DHT's upkeep brings the halves' routing tables together again after the heal.
+    swarm.peers.dht_options.maintenance_period = dht::node_options{}.maintenance_period;
+    auto options = run_options(1024, 4);
+    options.matchmaking_time = 20s;
+    options.tracking.max_refresh = 1s; // the heal is seen within a second
+    for (const auto interval : {2000ms, 2000ms, 50ms, 50ms})
+        swarm.add(options, plain_sgd(0.5), interval).last_epoch = 1;
+    swarm.wait_until_all_seen(4);
+    swarm.peers.network.partition({swarm.peers.nodes[2], swarm.peers.nodes[3]});
+    for (auto& t : swarm.trainers)
+        swarm.start(t);
+    auto& fast = swarm.trainers[2];
+    REQUIRE(
+        swarm.peers.run_until([&] { return !fast.running && !swarm.trainers[3].running; }, 60s));
+    REQUIRE(fast.epoch_ends.size() == 1);
+    CHECK(fast.epoch_ends[0].averaging.outcome == optim::round_outcome::averaged);
+    CHECK(fast.epoch_ends[0].averaging.group_size == 2);
+    CHECK(swarm.trainers[0].optimizer->local_epoch() == 0); // still short of the target
+    swarm.peers.network.heal();
+    REQUIRE(swarm.peers.run_until(
+        [&] { return !swarm.trainers[0].running && !swarm.trainers[1].running; }, 60s));
+    for (std::size_t p = 0; p < 2; ++p) {
+        INFO("peer " << p);
+        const auto& t = swarm.trainers[p];
+        REQUIRE(t.epoch_ends.size() == 1);
+        CHECK(t.epoch_ends[0].averaging.outcome == optim::round_outcome::averaged);
+        CHECK(t.epoch_ends[0].averaging.group_size == 2);
+        CHECK(t.epoch_ends[0].samples_contributed < 1024 / 2);
+        // Both rounds' groups were complete once the second peer ended the epoch (within a
+        // read of the DHT and a step, 3 s, of the first), not at the end of their windows.
+        CHECK(t.optimizer->statistics().waiting_for_group < 4s);
+    }
+    CHECK(swarm.trainers[0].model.values() == swarm.trainers[1].model.values());
+}
+
 TEST_CASE("a peer that leaves with async_close has withdrawn its progress and donor records "
           "when it completes, and a second call completes at once",
           "[optim][collaborative][sim][leave]") {

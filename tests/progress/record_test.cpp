@@ -211,6 +211,7 @@ TEST_CASE("the global estimate follows its formulas", "[progress][estimate]") {
     CHECK(g.samples_per_second == 100);
     CHECK(g.num_peers == 5);
     CHECK(g.num_clients == 2);
+    CHECK(g.num_ahead == 5); // every record is after local epoch 3, the clients too
     CHECK(g.target_batch_size == 1015);
     CHECK(g.estimated_at == now);
     CHECK(g.eta == now + 6250ms); // (1015 − 390) / 100 s
@@ -224,6 +225,7 @@ TEST_CASE("the global estimate follows its formulas", "[progress][estimate]") {
         o.target_batch_size = 1000;
         const auto ahead = progress::estimate_global_progress(records, 6, now, o);
         CHECK(ahead.epoch == 6);
+        CHECK(ahead.num_ahead == 1); // the client at 9; not the records at 5 and 4
         CHECK(ahead.samples_accumulated == 0);
         CHECK(ahead.eta == now + 10s);           // 1000 / 100
         CHECK(ahead.next_fetch == now + 6250ms); // 10 · 5 / 8

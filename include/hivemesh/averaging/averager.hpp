@@ -68,7 +68,8 @@ class step_control : public std::enable_shared_from_this<step_control> {
 public:
     /// `round` tags the step: peers whose steps carry different tags never group (e.g. the
     /// training epoch, so that peers of different epochs do not average together).
-    /// `expected_members`: see match_request::expected_members (0: none expected).
+    /// `expected_members`: the group may form once it holds this many members other than aux
+    /// peers and the step is triggered (0: none expected; see match_request::expected).
     explicit step_control(const asio::any_io_executor& executor, std::uint64_t round = 0,
                           std::size_t expected_members = 0)
         : executor_(executor)
@@ -83,12 +84,23 @@ public:
             self->weight_ = weight;
             self->triggered_ = true;
             self->ready_.notify();
-            if (self->on_trigger_) self->on_trigger_();
+            if (self->on_change_) self->on_change_();
+        });
+    }
+    /// Replaces the count of members expected: who takes part may be known better later,
+    /// e.g. peers that will not come. While matchmaking runs and once triggered, a lower
+    /// count may form the group at once. Any thread; in order with trigger().
+    void expect(std::size_t expected_members) {
+        asio::post(executor_, [self = shared_from_this(), expected_members] {
+            if (self->expected_members_ == expected_members) return;
+            self->expected_members_ = expected_members;
+            if (self->on_change_) self->on_change_();
         });
     }
     bool triggered() const noexcept { return triggered_; }
     double weight() const noexcept { return weight_; }
     std::uint64_t round() const noexcept { return round_; }
+    /// The members expected (changed by expect(), on the executor).
     std::size_t expected_members() const noexcept { return expected_members_; }
 
 private:
@@ -98,7 +110,7 @@ private:
     wakeup ready_;
     std::uint64_t round_;
     std::size_t expected_members_;
-    std::function<void()> on_trigger_; ///< while matchmaking: the matchmaker's recheck
+    std::function<void()> on_change_; ///< while matchmaking: the matchmaker's recheck
     double weight_ = 1.0;
     bool triggered_ = false;
 };
@@ -275,15 +287,14 @@ private:
         request.metadata = options_.metadata;
         request.window = options_.matchmaking_time;
         // Once triggered, the group need wait for no one but the members expected.
-        request.expected_members = control->expected_members_;
-        request.ready = [control] { return control->triggered_; };
-        control->on_trigger_ = [this] { matchmaker_.recheck(); };
+        request.expected = [c = control.get()] { return c->triggered_ ? c->expected_members_ : 0; };
+        control->on_change_ = [this] { matchmaker_.recheck(); };
         struct unhook {
             step_control* control;
-            ~unhook() { control->on_trigger_ = nullptr; }
+            ~unhook() { control->on_change_ = nullptr; }
         } const hooked{control.get()}; // on every way out, cancellation too
         auto [ec, group] = co_await matchmaker_.async_find_group(std::move(request));
-        control->on_trigger_ = nullptr;
+        control->on_change_ = nullptr;
         if (ec) co_return out_type{ec, {}};
 
         // Members triggered before us may send to us meanwhile.

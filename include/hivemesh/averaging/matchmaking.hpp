@@ -10,7 +10,7 @@
 // nowhere. Peers are ordered by (expiration, PeerId). A peer asks the earliest declared
 // peers before it to lead it, one at a time; a leader accepts later peers (and clients,
 // which never lead) until the group reaches target_group_size or holds the members the
-// search expects (match_request::expected_members), or until its own expiration if it then
+// search expects (match_request::expected), or until its own expiration if it then
 // has at least min_group_size members, and then sends every follower the group: a fresh id
 // and the ordered members (leader first, then followers in the order they joined) with what
 // each told about itself (role, bandwidth, user bytes). Refusals carry a reason (join_status);
@@ -95,15 +95,13 @@ struct match_request {
     /// Look this long; the declaration expires then, so keep it within the replicas'
     /// dht::storage_limits::max_lifetime (5 min by default), which refuse a later one.
     duration window = 15s;
-    /// Leading, form the group even below target_group_size once `ready()` (the caller's
-    /// values are ready to average) and the group holds `expected_members` members that are
-    /// not aux peers (and at least min_group_size): e.g. every peer known to take part, once
-    /// the caller's epoch has ended. Until then a larger group costs nothing, and room is kept
-    /// for peers (aux peers too) that come later. 0 or no `ready`: the group forms at
-    /// target_group_size or at the end of the window. `ready` is called on the node's executor;
-    /// call matchmaker::recheck() when its answer changes.
-    std::size_t expected_members = 0;
-    std::function<bool()> ready;
+    /// Leading, form the group even below target_group_size once it holds `expected()`
+    /// members that are not aux peers (and at least min_group_size): e.g. 0 until the caller's
+    /// values are ready to average, then every peer known to take part. Until then a larger
+    /// group costs nothing, and room is kept for peers (aux peers too) that come later. No
+    /// `expected`, or 0: the group forms at target_group_size or at the end of the window.
+    /// Called on the node's executor; call matchmaker::recheck() when its answer changes.
+    std::function<std::size_t()> expected;
 };
 
 template <net::transport Transport>
@@ -289,18 +287,17 @@ private:
         bool before(time_point other_expiration, const crypto::peer_id& other) const {
             return std::pair(expiration, st->rpc->id()) < std::pair(other_expiration, other);
         }
-        /// Forms the group if we lead the members the request expects and it is ready
-        /// (match_request::expected_members).
+        /// Forms the group if we lead the members the request expects now
+        /// (match_request::expected).
         void form_if_complete() {
-            const std::size_t expected = request.expected_members;
-            if (expected == 0 || !request.ready || formed || finished || stopped || leader ||
-                requesting || followers.empty() ||
-                followers.size() + 1 < st->options.min_group_size)
+            const std::size_t expected = request.expected ? request.expected() : 0;
+            if (expected == 0 || formed || finished || stopped || leader || requesting ||
+                followers.empty() || followers.size() + 1 < st->options.min_group_size)
                 return;
             std::size_t members = request.role == member_role::aux ? 0 : 1;
             for (const auto& f : followers)
                 if (f.member.role != member_role::aux) ++members;
-            if (members >= expected && request.ready()) assemble();
+            if (members >= expected) assemble();
         }
         bool leads(const crypto::peer_id& id) const {
             return std::any_of(followers.begin(), followers.end(),

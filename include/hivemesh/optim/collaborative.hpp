@@ -531,6 +531,8 @@ private:
 
     // ---- rounds (impl/collaborative_rounds.hpp) -----------------------------------------
 
+    /// The members a round of the current epoch expects (step_control::expected_members).
+    static std::size_t expected_members(const shared& st);
     /// Starts a step of `averager` tagged with `epoch`, to be triggered later.
     static pending_ptr schedule(shared& st, averager_type& averager, std::uint64_t epoch);
     /// Triggers `pending` (or a fresh step when it is unusable) and waits for it.

@@ -91,6 +91,8 @@ struct global_training_progress {
     /// them are clients.
     std::size_t num_peers = 0;
     std::size_t num_clients = 0;
+    /// Of num_peers, those whose record is at an epoch after the local one.
+    std::size_t num_ahead = 0;
     /// When this estimate was made, and when the tracker reads the DHT next.
     time_point estimated_at{};
     time_point next_fetch{};
@@ -164,6 +166,7 @@ estimate_global_progress(std::span<const progress_record> records, std::uint64_t
     for (const auto& r : records) {
         ++g.num_peers;
         if (r.client) ++g.num_clients;
+        if (r.epoch > local_epoch) ++g.num_ahead;
         g.samples_per_second = detail::finite_or_max(g.samples_per_second + r.samples_per_second);
         if (r.epoch != g.epoch) {
             const bool one_behind =

@@ -5,6 +5,8 @@
 #include "hivemesh/optim/collaborative.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
 
 #include <algorithm>
 #include <memory>
@@ -14,16 +16,23 @@
 namespace hivemesh::optim {
 
 template <net::transport Transport>
+std::size_t collaborative_optimizer<Transport>::expected_members(const shared& st) {
+    // The group is complete once it holds every peer the tracker counts (aux peers publish
+    // no record and are not expected): it need not wait for target_group_size peers, or the
+    // end of matchmaking_time, which may come long after the end of a short epoch. Without
+    // the delayed modes a peer enters the next epoch only after its rounds, so a peer already
+    // there is not coming (e.g. one half of a healed partition, an epoch ahead of the other).
+    // With a Moshpit key the peers spread over several groups, and the count says nothing.
+    if (st.options.averaging.group_key_length != 0) return 0;
+    const auto global = st.tracker.global_progress();
+    return st.delayed() ? global.num_peers : global.num_peers - global.num_ahead;
+}
+
+template <net::transport Transport>
 auto collaborative_optimizer<Transport>::schedule(shared& st, averager_type& averager,
                                                   std::uint64_t epoch) -> pending_ptr {
     auto pending = std::make_shared<pending_round>(st.executor);
-    // The group is complete once it holds every peer the tracker counts (aux peers publish
-    // no record and are not expected): it need not wait for target_group_size peers, or the
-    // end of matchmaking_time, which may come long after the end of a short epoch. With a
-    // Moshpit key the peers spread over several groups, and the count says nothing.
-    const std::size_t expected =
-        st.options.averaging.group_key_length == 0 ? st.tracker.global_progress().num_peers : 0;
-    pending->control = averager.make_control(detail::round_tag(epoch), expected);
+    pending->control = averager.make_control(detail::round_tag(epoch), expected_members(st));
     averager.async_scheduled_step(
         pending->control,
         asio::bind_cancellation_slot(
@@ -46,9 +55,24 @@ collaborative_optimizer<Transport>::run_round(shared_ptr st, averager_type& aver
     // A step that ended before its trigger found no group: look again, now.
     if (!pending || pending->done) pending = schedule(*st, averager, epoch);
     pending->triggered_at = st->now();
+    pending->control->expect(expected_members(*st));
     pending->control->trigger(weight);
-    while (!pending->done)
-        co_await pending->finished.wait();
+    // Counted afresh at every estimate while the group forms: peers move on meanwhile.
+    bool tracking = true;
+    while (!pending->done) {
+        if (!tracking) {
+            co_await pending->finished.wait();
+            continue;
+        }
+        using namespace asio::experimental::awaitable_operators;
+        const std::uint64_t seen = st->tracker.global_progress().version;
+        auto woke = co_await (pending->finished.wait() ||
+                              st->tracker.async_wait_for_update(
+                                  seen, asio::experimental::as_tuple(asio::use_awaitable)));
+        if (woke.index() == 0) continue;
+        tracking = !std::get<0>(std::get<1>(woke)); // not after the tracker closed
+        if (tracking && !pending->done) pending->control->expect(expected_members(*st));
+    }
     const time_point ended = st->now();
     const averaging::step_result& r = pending->result;
     const bool began = r.allreduce_started != time_point{};
