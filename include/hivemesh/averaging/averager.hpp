@@ -287,7 +287,9 @@ private:
         request.metadata = options_.metadata;
         request.window = options_.matchmaking_time;
         // Once triggered, the group need wait for no one but the members expected.
-        request.expected = [c = control.get()] { return c->triggered_ ? c->expected_members_ : 0; };
+        request.expected = [control] {
+            return control->triggered_ ? control->expected_members_ : 0;
+        };
         control->on_change_ = [this] { matchmaker_.recheck(); };
         struct unhook {
             step_control* control;
