@@ -635,7 +635,7 @@ TEST_CASE("a peer killed mid-epoch does not stop the others", "[optim][collabora
 TEST_CASE("after a partition heals, the half an epoch behind forms its round without waiting "
           "for the half ahead",
           "[optim][collaborative][sim]") {
-    // A and B are slow (32 samples every 2 s together), C and D fast. Cut off from A and B,
+    // A and B are slow (32 samples a step, every 2 s each), C and D fast. Cut off from A and B,
     // C and D end epoch 0 in a group of two when their window ends (they still count A and
     // B, whose records are at epoch 0) and stop at epoch 1. After the heal, A and B learn
     // that the swarm is at epoch 1 and end epoch 0 at once; C and D, at epoch 1, have had
