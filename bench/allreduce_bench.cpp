@@ -1,6 +1,9 @@
-// All-reduce benchmark (issue 5): a vector of float32 (default 25M elements, 100 MB) averaged
-// among 2, 4 and 8 OS processes on loopback TCP. Rows: hivemesh's butterfly all-reduce
-// (plaintext and encrypted sessions, codecs none, float16 and blockwise_8bit) and, when they
+// All-reduce benchmark: a vector of float32 (default 25M elements, 100 MB) averaged among 2, 4
+// and 8 OS processes over loopback TCP, or with --link RATE each in a network namespace of its
+// own behind a link shaped to RATE (scripts/netns-swarm.sh: veth pairs into a bridge, tc tbf
+// both ways; needs root). Rows: hivemesh's butterfly all-reduce (plaintext and encrypted
+// sessions, codecs none, float16 and blockwise_8bit, and the adaptive choice, which weighs the
+// link rate every member announces against this process's blockwise_8bit rate) and, when they
 // were found at build time, Gloo's ring and halving-doubling all-reduce over its TCP
 // transport and MPI_Allreduce under mpirun with the TCP BTL only. Prints a table and, with
 // --json FILE, the same as JSON; exits nonzero when any configuration failed or any process
@@ -9,7 +12,8 @@
 // Every process of a configuration is a child: hivemesh and Gloo children are started by
 // this program (`--child hivemesh|gloo`) and talk to it over stdin/stdout; MPI children are
 // started by mpirun (`--child mpi`) and write their record to a file. Line protocol:
-//   child: HELLO <peer id> <port>   parent: PEERS <id> <port> ...   (hivemesh only)
+//   child: HELLO <peer id> <address> <port>
+//                                   parent: PEERS <id> <address> <port> ...   (hivemesh only)
 //   child: READY <n>                parent: GO                       (barrier n: 2 per round)
 //   child: RESULT <record>          parent: EXIT
 // A child that fails prints `ERROR <text>` and exits nonzero; a hung one dies by SIGALRM.
@@ -109,6 +113,9 @@ struct options {
     std::size_t mux_batch = 0;     ///< 0: the node's default
     unsigned compute_threads = 1;
     unsigned child_timeout = 1800; ///< seconds a child may live
+    /// tc's rate of every link (e.g. 100mbit); empty: loopback. With it, each process runs in
+    /// a network namespace of its own (scripts/netns-swarm.sh).
+    std::string link;
     // Child only.
     std::string child; ///< hivemesh, gloo, mpi; empty in the driver
     std::size_t rank = 0;
@@ -117,7 +124,28 @@ struct options {
     bool plaintext = true;
     std::string dir;
     std::uint64_t nonce = 0;
+    std::string address; ///< where the child listens; empty: loopback
 };
+
+/// A tc rate ("100mbit", "1gbit", "2.5gbit", "800kbit", "9600bit") in bytes per second; 0 for
+/// anything else.
+double link_bytes_per_second(const std::string& rate) {
+    std::size_t used = 0;
+    double value = 0;
+    try {
+        value = std::stod(rate, &used);
+    } catch (const std::exception&) {
+        return 0;
+    }
+    const std::string unit = rate.substr(used);
+    double scale = 0;
+    if (unit == "bit") scale = 1;
+    if (unit == "kbit") scale = 1e3;
+    if (unit == "mbit") scale = 1e6;
+    if (unit == "gbit") scale = 1e9;
+    const double bytes = value * scale / 8;
+    return std::isfinite(bytes) && bytes > 0 ? bytes : 0;
+}
 
 /// One row of the table.
 struct system_spec {
@@ -146,6 +174,7 @@ std::vector<system_spec> all_systems() {
         {"hivemesh-float16", "hivemesh plaintext float16", "hivemesh", "float16", true, true},
         {"hivemesh-8bit", "hivemesh plaintext blockwise_8bit", "hivemesh", "blockwise_8bit", true,
          true},
+        {"hivemesh-adaptive", "hivemesh plaintext adaptive", "hivemesh", "adaptive", true, true},
         {"gloo-ring", "gloo ring", "gloo", "ring", true, gloo},
         {"gloo-hd", "gloo halving-doubling", "gloo", "hd", true, gloo},
         {"mpi", "MPI_Allreduce (Open MPI, TCP)", "mpi", "none", true, mpi},
@@ -153,8 +182,9 @@ std::vector<system_spec> all_systems() {
 }
 
 options parse(int argc, char** argv) {
-    CLI::App app{"All-reduce benchmark: a float32 vector averaged among OS processes on loopback "
-                 "TCP by hivemesh (and Gloo and MPI when they were built).",
+    CLI::App app{"All-reduce benchmark: a float32 vector averaged among OS processes over loopback "
+                 "TCP, or shaped links between network namespaces (--link), by hivemesh (and "
+                 "Gloo and MPI when they were built).",
                  "bench_allreduce"};
     app.option_defaults()->always_capture_default();
     options o;
@@ -198,6 +228,16 @@ options parse(int argc, char** argv) {
               "hivemesh's pool for compression and reduction per process; 0 runs them on the "
               "io thread");
     add_count("--child-timeout", o.child_timeout, "seconds a child process may live");
+    app.add_option("--link", o.link,
+                   "run every process in a Linux network namespace of its own, its link to a "
+                   "bridge shaped both ways to RATE by tc's token bucket filter (e.g. 100mbit, "
+                   "1gbit; scripts/netns-swarm.sh); needs root and ip netns, and says so and "
+                   "exits 0 without them")
+        ->type_name("RATE")
+        ->check([](const std::string& rate) {
+            return link_bytes_per_second(rate) > 0 ? std::string()
+                                                   : std::string("a tc rate such as 100mbit");
+        });
     // A child process of a cell (started by the driver, or by mpirun).
     app.add_option("--child", o.child, "internal: run as a child of this kind")
         ->check(CLI::IsMember({"hivemesh", "gloo", "mpi"}))
@@ -208,6 +248,7 @@ options parse(int argc, char** argv) {
     app.add_option("--plaintext", o.plaintext, "internal: 1 for plaintext sessions")->group("");
     app.add_option("--dir", o.dir, "internal: the cell's directory")->group("");
     add_count("--nonce", o.nonce, "internal: the cell's group id")->group("");
+    app.add_option("--address", o.address, "internal: the child's address")->group("");
     try {
         app.parse(argc, argv);
         for (const auto n : o.processes)
@@ -273,7 +314,8 @@ double max_error(std::span<const float> values, std::size_t n) {
 double tolerance(const std::string& codec, std::size_t n) {
     const double largest = 4.0 * static_cast<double>(n - 1) + 8.0;
     if (codec == "float16") return 4 * 0x1p-11 * largest;
-    if (codec == "blockwise_8bit") return 2.5 * 0.00703125 * largest;
+    // The adaptive choice may send blockwise_8bit.
+    if (codec == "blockwise_8bit" || codec == "adaptive") return 2.5 * 0.00703125 * largest;
     return 1e-6 * largest; // exact up to the rounding of 1/n
 }
 
@@ -396,6 +438,7 @@ void scale(std::span<float> values, std::size_t n) {
 // ---- hivemesh child --------------------------------------------------------------------------
 
 compression::kind codec_of(const std::string& name) {
+    if (name == "adaptive") return compression::kind::none; // blockwise_8bit where it pays
     for (const auto k : compression::all_kinds)
         if (compression::to_string(k) == name) return k;
     throw std::invalid_argument("unknown codec " + name);
@@ -427,7 +470,9 @@ int hivemesh_child(const options& o) {
         node_options.mux.frame_payload = node_options.mux.encrypted_frame_payload = o.frame_payload;
     if (o.mux_batch) node_options.mux.max_batch_bytes = o.mux_batch;
     net::node<transport_type> rpc(transport, crypto::identity::generate(), node_options);
-    auto listener = transport.listen(asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+    const auto address = o.address.empty() ? asio::ip::address(asio::ip::address_v4::loopback())
+                                           : asio::ip::make_address(o.address);
+    auto listener = transport.listen(asio::ip::tcp::endpoint(address, 0));
     const auto port = listener.local_endpoint().port();
     rpc.serve(std::move(listener));
 
@@ -435,6 +480,7 @@ int hivemesh_child(const options& o) {
     if (o.compute_threads > 0) compute_executor = compute.get_executor();
     averaging::allreduce_options allreduce_options;
     allreduce_options.codec = codec_of(o.mode);
+    if (o.mode != "adaptive") allreduce_options.slow_link_codec.reset();
     allreduce_options.part_size_bytes = o.part_size;
     // A loaded two-core machine can starve a process for seconds: only the round's own
     // timeout should end a slow round here.
@@ -454,19 +500,24 @@ int hivemesh_child(const options& o) {
         }
     } stop_io{io, io_thread};
 
-    link.send("HELLO " + rpc.id().to_string() + " " + std::to_string(port));
+    link.send("HELLO " + rpc.id().to_string() + " " + address.to_string() + " " +
+              std::to_string(port));
     std::istringstream peers(link.receive());
     std::string word;
     if (!(peers >> word) || word != "PEERS") throw std::runtime_error("expected PEERS");
     averaging::group_info<asio::ip::tcp::endpoint> group;
     for (std::size_t k = 0; k < o.size; ++k) {
-        std::string id;
+        std::string id, peer_address;
         unsigned short peer_port = 0;
-        if (!(peers >> id >> peer_port)) throw std::runtime_error("short PEERS line");
+        if (!(peers >> id >> peer_address >> peer_port))
+            throw std::runtime_error("short PEERS line");
         auto& member = group.members.emplace_back();
         member.peer.id = crypto::peer_id::from_string(id);
-        member.peer.endpoint = asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(), peer_port);
+        member.peer.endpoint =
+            asio::ip::tcp::endpoint(asio::ip::make_address(peer_address), peer_port);
         member.role = averaging::member_role::node;
+        // What the adaptive choice weighs against this process's codec rate (0: unknown).
+        member.bandwidth = o.link.empty() ? 0 : link_bytes_per_second(o.link);
     }
     if (group.members[o.rank].peer.id != rpc.id()) throw std::runtime_error("not at my rank");
     const auto spans = equal_spans(o.elements, o.size);
@@ -524,7 +575,7 @@ int hivemesh_child(const options& o) {
 int gloo_child(const options& o) {
     parent_link link;
     gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";
+    attr.hostname = o.address.empty() ? "127.0.0.1" : o.address;
     attr.ai_family = AF_INET;
     auto device = gloo::transport::tcp::CreateDevice(attr);
     gloo::rendezvous::FileStore files(o.dir);
@@ -849,11 +900,52 @@ std::vector<std::string> child_arguments(const options& o, const system_spec& s,
                                dir,
                                "--nonce",
                                std::to_string(nonce)};
+    if (!o.link.empty()) {
+        a.push_back("--link");
+        a.push_back(o.link);
+    }
     return a;
 }
 
+/// The peer namespaces of scripts/netns-swarm.sh, which runs this driver with --link; empty
+/// on loopback.
+struct namespaces {
+    std::vector<std::string> names, addresses;
+
+    static namespaces from_environment() {
+        namespaces out;
+        const auto words = [](const char* text) {
+            std::vector<std::string> list;
+            std::istringstream in(text ? text : "");
+            for (std::string word; in >> word;)
+                list.push_back(word);
+            return list;
+        };
+        out.names = words(std::getenv("HIVEMESH_NETNS_NAMES"));
+        out.addresses = words(std::getenv("HIVEMESH_NETNS_ADDRESSES"));
+        if (out.names.size() != out.addresses.size())
+            throw std::runtime_error("HIVEMESH_NETNS_NAMES and _ADDRESSES differ in length");
+        return out;
+    }
+    bool active() const { return !names.empty(); }
+    /// `program args` run in namespace k, through ip netns exec.
+    std::vector<std::string> in(std::size_t k, const std::string& program,
+                                std::vector<std::string> args) const {
+        std::vector<std::string> all{"ip", "netns", "exec", names.at(k), program};
+        for (auto& a : args)
+            all.push_back(std::move(a));
+        return all;
+    }
+};
+
+/// Where programs run in a namespace are started from: env finds ip on the PATH.
+const std::string env_program = "/usr/bin/env";
+
 /// hivemesh and Gloo: n children of this program, driven over their pipes.
 cell run_children(const options& o, const system_spec& s, std::size_t n) {
+    const auto spaces = namespaces::from_environment();
+    if (spaces.active() && spaces.names.size() < n)
+        throw std::runtime_error("fewer namespaces than processes");
     cell c;
     temp_dir dir;
     const auto nonce =
@@ -881,7 +973,13 @@ cell run_children(const options& o, const system_spec& s, std::size_t n) {
         auto args = child_arguments(o, s, n, dir.path, nonce);
         args.push_back("--rank");
         args.push_back(std::to_string(k));
-        children.push_back(process::start(self, args, true));
+        if (!spaces.active()) {
+            children.push_back(process::start(self, args, true));
+            continue;
+        }
+        args.push_back("--address");
+        args.push_back(spaces.addresses[k]);
+        children.push_back(process::start(env_program, spaces.in(k, self, std::move(args)), true));
     }
     std::vector<child_record> records;
     [&] {
@@ -889,9 +987,10 @@ cell run_children(const options& o, const system_spec& s, std::size_t n) {
             std::string peers = "PEERS";
             for (std::size_t k = 0; k < n; ++k) {
                 std::istringstream hello(receive(k));
-                std::string word, id, port;
-                if (!(hello >> word >> id >> port) || word != "HELLO") return fail("no HELLO");
-                peers += " " + id + " " + port;
+                std::string word, id, address, port;
+                if (!(hello >> word >> id >> address >> port) || word != "HELLO")
+                    return fail("no HELLO");
+                peers += " " + id + " " + address + " " + port;
             }
             for (auto& child : children)
                 child.send(peers);
@@ -936,18 +1035,37 @@ cell run_children(const options& o, const system_spec& s, std::size_t n) {
 cell run_mpi(const options& o, const system_spec& s, std::size_t n) {
     cell c;
     temp_dir dir;
-    std::vector<std::string> args{"--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
-                                  "-np", std::to_string(n),
-                                  // TCP over loopback only: no shared memory, no UCX.
-                                  "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca",
-                                  "btl_tcp_if_include", "lo", "--mca", "coll", "^sm,han",
-                                  // Ranks wait without spinning, as the other systems do.
-                                  "--mca", "mpi_yield_when_idle", "1", "--timeout",
-                                  std::to_string(o.child_timeout), executable_path()};
+    const auto spaces = namespaces::from_environment();
+    if (spaces.active() && spaces.names.size() < n)
+        throw std::runtime_error("fewer namespaces than processes");
+    // TCP only, over loopback or the namespaces' links: no shared memory, no UCX.
+    const std::string interface = spaces.active() ? "eth0" : "lo";
+    std::vector<std::string> args{
+        "--allow-run-as-root", "--bind-to", "none", "-np", std::to_string(n), "--mca", "pml", "ob1",
+        "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", interface, "--mca", "coll",
+        "^sm,han",
+        // Ranks wait without spinning, as the other systems do.
+        "--mca", "mpi_yield_when_idle", "1", "--timeout", std::to_string(o.child_timeout)};
+    if (spaces.active()) {
+        // mpirun in the first namespace starts a rank in each, one per address, through
+        // netns-rsh.sh; its daemons reach it over the links too.
+        std::string hosts;
+        for (std::size_t k = 0; k < n; ++k)
+            hosts += (k ? "," : "") + spaces.addresses[k] + ":1";
+        for (std::string a :
+             {"--host", hosts.c_str(), "--mca", "plm_rsh_agent",
+              HIVEMESH_SCRIPTS_DIR "/netns-rsh.sh", "--mca", "oob_tcp_if_include", "eth0"})
+            args.push_back(std::move(a));
+    } else {
+        args.insert(args.begin(), "--oversubscribe");
+    }
+    args.push_back(executable_path());
     for (auto& a : child_arguments(o, s, n, dir.path, 0))
         args.push_back(std::move(a));
     const std::string log = dir.path + "/mpirun.log";
-    auto mpirun = process::start(HIVEMESH_MPIEXEC, args, false, log);
+    auto mpirun = spaces.active() ? process::start(env_program,
+                                                   spaces.in(0, HIVEMESH_MPIEXEC, args), false, log)
+                                  : process::start(HIVEMESH_MPIEXEC, args, false, log);
     if (auto how = mpirun.finish(); !how.empty()) {
         c.status = "mpirun " + how;
         std::ifstream in(log);
@@ -1052,30 +1170,57 @@ int driver_main(const options& o) {
     const std::string load_at_end = loadavg();
 
     // The table.
-    std::printf("\nAll-reduce of %zu float32 (%.1f MB) over loopback TCP; median of %zu "
-                "rounds after %zu warm-up, in each of %zu pass(es).\n",
-                o.elements, tensor_mb, o.rounds, o.warmup, o.passes);
+    const double link_rate = o.link.empty() ? 0 : link_bytes_per_second(o.link);
+    // The least time any all-reduce of N processes takes over links of link_rate: each
+    // process sends (and receives) 2(N - 1)/N of the tensor.
+    const auto byte_bound = [&](std::size_t n) {
+        return 2.0 * static_cast<double>(n - 1) / static_cast<double>(n) *
+               static_cast<double>(o.elements * sizeof(float)) / link_rate;
+    };
+    const std::string where = o.link.empty()
+                                  ? "loopback TCP"
+                                  : "TCP between network namespaces, every link shaped to " +
+                                        o.link + " each way (tc tbf)";
+    std::printf("\nAll-reduce of %zu float32 (%.1f MB) over %s; median of %zu rounds after %zu "
+                "warm-up, in each of %zu pass(es).\n",
+                o.elements, tensor_mb, where.c_str(), o.rounds, o.warmup, o.passes);
+    if (!o.link.empty()) {
+        std::printf("bound = the median round time / the byte bound 2(N-1)/N x tensor bytes / "
+                    "link rate:");
+        for (const auto n : o.processes)
+            std::printf(" %.3f s at N=%zu", byte_bound(n), n);
+        std::printf(".\n");
+    }
     std::printf("s = median round seconds (earliest start to latest end); GB/s = algorithm "
                 "bandwidth = tensor bytes / s;\nmem = peak extra memory per process / tensor "
                 "bytes (VmHWM minus RSS after allocating the tensor);\nCPU s = median CPU "
                 "seconds (user + system) of all processes together in a round.\n");
     std::printf("Load average (1/5/15 min): %s at start, %s at end; %u cores.\n\n",
                 load_at_start.c_str(), load_at_end.c_str(), std::thread::hardware_concurrency());
+    const int width = o.link.empty() ? 31 : 38;
     std::printf("%-34s", "system / mode");
     for (const auto n : o.processes)
-        std::printf(" | %-31s", ("N=" + std::to_string(n) + "  s / GB/s / mem / CPU s").c_str());
+        std::printf(" | %-*s", width,
+                    ("N=" + std::to_string(n) + "  s / GB/s / mem / CPU s" +
+                     (o.link.empty() ? "" : " / bound"))
+                        .c_str());
     std::printf("\n");
     for (std::size_t i = 0; i < rows.size(); ++i) {
         std::printf("%-34s", rows[i].label.c_str());
-        for (const auto& c : cells[i]) {
+        for (std::size_t j = 0; j < o.processes.size(); ++j) {
+            const auto& c = cells[i][j];
             if (c.status != "ok") {
-                std::printf(" | %-31s", ("FAILED: " + c.status).substr(0, 31).c_str());
+                std::printf(" | %-*s", width,
+                            ("FAILED: " + c.status).substr(0, std::size_t(width)).c_str());
                 continue;
             }
-            std::printf(" | %-31s", program::format("%7.3f %6.3f %5.2fx %6.3f%s", c.median_seconds,
-                                                    c.gbytes_per_second, c.memory_ratio,
-                                                    c.median_cpu_seconds, c.wrong ? " WRONG" : "")
-                                        .c_str());
+            std::string text =
+                program::format("%7.3f %6.3f %5.2fx %6.3f", c.median_seconds, c.gbytes_per_second,
+                                c.memory_ratio, c.median_cpu_seconds);
+            if (!o.link.empty())
+                text += program::format(" %5.2fx", c.median_seconds / byte_bound(o.processes[j]));
+            if (c.wrong) text += " WRONG";
+            std::printf(" | %-*s", width, text.c_str());
         }
         std::printf("\n");
     }
@@ -1089,7 +1234,43 @@ int driver_main(const options& o) {
         return nullptr;
     };
     std::vector<target> targets;
-    {
+    const auto ratio_target = [&](std::string text, const cell* a, const cell* b, double most) {
+        target t{std::move(text), std::nullopt, ""};
+        if (a && b) {
+            t.met = a->median_seconds <= most * b->median_seconds;
+            t.detail = program::format("%.6g s vs %.6g s", a->median_seconds, b->median_seconds);
+        }
+        targets.push_back(t);
+    };
+    if (!o.link.empty()) {
+        for (const auto n : o.processes) {
+            const std::string at = ", N=" + std::to_string(n);
+            target bound{"hivemesh uncompressed within 1.15x of the byte bound" + at, std::nullopt,
+                         ""};
+            if (const cell* plain = find("hivemesh", n)) {
+                const double ratio = plain->median_seconds / byte_bound(n);
+                bound.met = ratio <= 1.15;
+                bound.detail = program::format("%.3gx", ratio);
+            }
+            targets.push_back(bound);
+            const cell* plain = find("hivemesh", n);
+            const cell* packed = find("hivemesh-8bit", n);
+            ratio_target("hivemesh blockwise_8bit at least 3x faster than uncompressed" + at,
+                         packed, plain, 1.0 / 3);
+            const cell* better =
+                plain && packed ? (plain->median_seconds <= packed->median_seconds ? plain : packed)
+                                : nullptr;
+            ratio_target("hivemesh adaptive within 5% of the better of none and blockwise_8bit" +
+                             at,
+                         find("hivemesh-adaptive", n), better, 1.05);
+            const cell* ring = find("gloo-ring", n);
+            const cell* hd = find("gloo-hd", n);
+            const cell* gloo = ring && hd ? (ring->median_seconds <= hd->median_seconds ? ring : hd)
+                                          : (ring ? ring : hd);
+            ratio_target("hivemesh uncompressed no slower than Gloo's best" + at, plain, gloo, 1.0);
+        }
+    }
+    if (o.link.empty()) {
         target t{"hivemesh plaintext none at 4 processes no slower than Gloo halving-doubling",
                  std::nullopt, ""};
         const cell* ours = find("hivemesh", 4);
@@ -1101,7 +1282,7 @@ int driver_main(const options& o) {
         }
         targets.push_back(t);
     }
-    for (const auto n : o.processes) {
+    for (const auto n : o.link.empty() ? o.processes : std::vector<std::size_t>{}) {
         target t{"hivemesh blockwise_8bit at least 2x faster than uncompressed, N=" +
                      std::to_string(n),
                  std::nullopt, ""};
@@ -1147,6 +1328,7 @@ int driver_main(const options& o) {
             {"warmup_rounds", o.warmup},
             {"timed_rounds", o.rounds},
             {"passes", o.passes},
+            {"link", o.link.empty() ? "loopback" : o.link},
             {"part_size_bytes", o.part_size},
             {"cores", std::thread::hardware_concurrency()},
             {"load_at_start", load_at_start},
@@ -1179,6 +1361,10 @@ int driver_main(const options& o) {
                     result["memory_ratio"] = c.memory_ratio;
                     result["max_error"] = c.max_error;
                     result["round_seconds"] = c.round_seconds;
+                    if (!o.link.empty()) {
+                        result["byte_bound_seconds"] = byte_bound(o.processes[j]);
+                        result["bound_ratio"] = c.median_seconds / byte_bound(o.processes[j]);
+                    }
                 }
                 report["results"].push_back(std::move(result));
             }
@@ -1192,6 +1378,42 @@ int driver_main(const options& o) {
     return any_failure ? 1 : 0;
 }
 
+/// --link: runs this same command again under scripts/netns-swarm.sh, which makes a namespace
+/// for each process of the largest count, shapes their links, and removes it all at the end.
+/// 0 when the script skipped (no root or ip netns: it said so).
+int run_in_namespaces(const options& o, int argc, char** argv) {
+    const std::size_t peers = *std::max_element(o.processes.begin(), o.processes.end());
+    const std::size_t rows = o.systems.empty() ? all_systems().size() : o.systems.size();
+    const std::size_t bound = rows * o.processes.size() * o.passes * o.child_timeout + 60;
+    // tbf's bucket holds 10 ms at the rate (128 KiB at least): a small one throttles a fast
+    // link below its rate.
+    const auto burst = std::max<std::size_t>(
+        128 * 1024, static_cast<std::size_t>(link_bytes_per_second(o.link) / 100));
+    std::vector<std::string> args{HIVEMESH_SCRIPTS_DIR "/netns-swarm.sh",
+                                  "--peers",
+                                  std::to_string(peers),
+                                  "--rate",
+                                  o.link,
+                                  "--burst",
+                                  std::to_string(burst) + "b",
+                                  "--loopback",
+                                  "--timeout",
+                                  std::to_string(bound),
+                                  "--",
+                                  executable_path()};
+    for (int i = 1; i < argc; ++i)
+        args.emplace_back(argv[i]);
+    auto script = process::start("/bin/bash", args, false); // our stdout, its stdin /dev/null
+    int status = 0;
+    if (waitpid(script.pid, &status, 0) != script.pid)
+        throw std::system_error(errno, std::generic_category(), "waitpid");
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return 0; // skipped, and said why
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    std::fprintf(stderr, "bench_allreduce: netns-swarm.sh killed by %s\n",
+                 strsignal(WTERMSIG(status)));
+    return 1;
+}
+
 } // namespace
 } // namespace hivemesh::bench::allreduce
 
@@ -1200,6 +1422,8 @@ int main(int argc, char** argv) {
     try {
         const auto o = parse(argc, argv);
         if (!o.child.empty()) return child_main(o);
+        if (!o.link.empty() && !std::getenv("HIVEMESH_NETNS_NAMES"))
+            return run_in_namespaces(o, argc, argv);
         return driver_main(o);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "bench_allreduce: %s\n", e.what());

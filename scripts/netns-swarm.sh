@@ -7,20 +7,22 @@
 # no interface, address or route is added outside the namespaces this script creates.
 #
 #   netns-swarm.sh [--peers N] [--rate RATE] [--burst SIZE] [--latency TIME]
-#                  [--timeout SECONDS] -- COMMAND [ARGS...]
+#                  [--loopback] [--timeout SECONDS] -- COMMAND [ARGS...]
 #
 #   --peers N          peer namespaces (default 4, at most 250)
 #   --rate RATE        tbf rate of every link, each direction (default 100mbit)
 #   --burst SIZE       tbf bucket size (default 128kb)
 #   --latency TIME     longest a packet may wait in the tbf queue (default 50ms)
+#   --loopback         bring each peer namespace's loopback interface up, for programs whose
+#                      processes in one namespace talk to each other (mpirun and its ranks)
 #   --timeout SECONDS  COMMAND is stopped (TERM, then KILL) after this long (default 600)
 #
 # COMMAND runs in the host's namespace with
 #   HIVEMESH_NETNS_NAMES      the peer namespaces, space-separated (peer 0 first)
 #   HIVEMESH_NETNS_ADDRESSES  their addresses, in the same order
 # and starts peer i with: ip netns exec <i-th name> PROGRAM ...  A peer must listen on, and
-# announce, its own address: its namespace's loopback interface is left down, so peers reach
-# each other only through the shaped links. Each run's names carry its process id, so runs
+# announce, its own address: its namespace's loopback interface is left down (unless
+# --loopback), so peers reach each other only through the shaped links. Each run's names carry its process id, so runs
 # side by side do not collide (their addresses are the same, on separate bridges).
 #
 # Needs root and ip netns (iproute2; veth, bridge and sch_tbf in the kernel). When they are
@@ -32,7 +34,7 @@
 #     ip netns exec "$1" ip -brief address; ip netns exec "$2" ip -brief address'
 set -euo pipefail
 
-peers=4 rate=100mbit burst=128kb latency=50ms limit=600
+peers=4 rate=100mbit burst=128kb latency=50ms limit=600 loopback=down
 usage() {
   sed -n '/^#   netns-swarm.sh/,/^#   --timeout/p' "$0" | sed 's/^#//' >&2
   exit 2
@@ -43,6 +45,7 @@ while [ $# -gt 0 ]; do
     --rate) rate=${2:?}; shift 2 ;;
     --burst) burst=${2:?}; shift 2 ;;
     --latency) latency=${2:?}; shift 2 ;;
+    --loopback) loopback=up; shift ;;
     --timeout) limit=${2:?}; shift 2 ;;
     --) shift; break ;;
     *) usage ;;
@@ -119,7 +122,7 @@ step() {
 add_namespace() {
   step ip netns add "$1"
   made+=("$1")
-  step ip -n "$1" link set lo down
+  step ip -n "$1" link set lo "${2:-down}"
 }
 
 add_namespace "$bridge_ns"
@@ -128,7 +131,7 @@ step ip -n "$bridge_ns" link set br0 up
 for ((i = 0; i < peers; i++)); do
   ns="${tag}-p${i}"
   address="10.213.0.$((i + 1))"
-  add_namespace "$ns"
+  add_namespace "$ns" "$loopback"
   step ip -n "$bridge_ns" link add "b${i}" type veth peer name eth0 netns "$ns"
   step ip -n "$bridge_ns" link set "b${i}" master br0 up
   step ip -n "$ns" addr add "${address}/24" dev eth0
