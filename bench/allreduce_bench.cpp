@@ -39,6 +39,8 @@
 // blockwise_8bit (far below the distance from any process's own values to the mean, so a
 // part left unaveraged is caught); hivemesh must also report every element averaged.
 #include <hivemesh/averaging/allreduce.hpp>
+#include <hivemesh/averaging/group.hpp>
+#include <hivemesh/averaging/load_balancing.hpp>
 #include <hivemesh/core/log.hpp>
 #include <hivemesh/net/node.hpp>
 #include <hivemesh/net/tcp.hpp>
@@ -78,6 +80,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <limits>
@@ -113,9 +116,15 @@ struct options {
     std::size_t mux_batch = 0;     ///< 0: the node's default
     unsigned compute_threads = 1;
     unsigned child_timeout = 1800; ///< seconds a child may live
-    /// tc's rate of every link (e.g. 100mbit); empty: loopback. With it, each process runs in
-    /// a network namespace of its own (scripts/netns-swarm.sh).
-    std::string link;
+    /// tc's rate of every link (e.g. 100mbit), or of rank k's link at [k]; empty: loopback.
+    /// With it, each process runs in a network namespace of its own (scripts/netns-swarm.sh).
+    std::vector<std::string> links;
+    /// The last `clients` ranks of a hivemesh cell join as clients: they reduce nothing.
+    std::size_t clients = 0;
+    /// Rank k's link rate in bytes per second; 0 on loopback.
+    double link_rate(std::size_t k) const;
+    /// Whether the links differ, or some rank is a client.
+    bool heterogeneous() const;
     // Child only.
     std::string child; ///< hivemesh, gloo, mpi; empty in the driver
     std::size_t rank = 0;
@@ -147,6 +156,24 @@ double link_bytes_per_second(const std::string& rate) {
     return std::isfinite(bytes) && bytes > 0 ? bytes : 0;
 }
 
+double options::link_rate(std::size_t k) const {
+    if (links.empty()) return 0;
+    return link_bytes_per_second(links.size() == 1 ? links[0] : links.at(k));
+}
+
+bool options::heterogeneous() const {
+    return clients > 0 ||
+           std::adjacent_find(links.begin(), links.end(), std::not_equal_to<>()) != links.end();
+}
+
+/// The --link list as given: rates joined by commas.
+std::string joined(const std::vector<std::string>& words) {
+    std::string out;
+    for (const auto& w : words)
+        out += (out.empty() ? "" : ",") + w;
+    return out;
+}
+
 /// One row of the table.
 struct system_spec {
     std::string name;  ///< for --systems
@@ -170,6 +197,7 @@ std::vector<system_spec> all_systems() {
 #endif
     return {
         {"hivemesh", "hivemesh plaintext none", "hivemesh", "none", true, true},
+        {"hivemesh-uniform", "hivemesh none, uniform split", "hivemesh", "uniform", true, true},
         {"hivemesh-encrypted", "hivemesh encrypted none", "hivemesh", "none", false, true},
         {"hivemesh-float16", "hivemesh plaintext float16", "hivemesh", "float16", true, true},
         {"hivemesh-8bit", "hivemesh plaintext blockwise_8bit", "hivemesh", "blockwise_8bit", true,
@@ -228,16 +256,25 @@ options parse(int argc, char** argv) {
               "hivemesh's pool for compression and reduction per process; 0 runs them on the "
               "io thread");
     add_count("--child-timeout", o.child_timeout, "seconds a child process may live");
-    app.add_option("--link", o.link,
-                   "run every process in a Linux network namespace of its own, its link to a "
-                   "bridge shaped both ways to RATE by tc's token bucket filter (e.g. 100mbit, "
-                   "1gbit; scripts/netns-swarm.sh); needs root and ip netns, and says so and "
-                   "exits 0 without them")
-        ->type_name("RATE")
+    app.add_option("--link", o.links,
+                   "run every process in a Linux network namespace of its own, its link to "
+                   "a bridge shaped both ways to RATE by tc's token bucket filter (e.g. "
+                   "100mbit, 1gbit; scripts/netns-swarm.sh); a comma-separated list with a "
+                   "rate per rank (as many as the largest process count) shapes rank k's "
+                   "link to the k-th, and hivemesh members announce their own rate for load "
+                   "balancing; needs root and ip netns, and says so and exits 0 without them")
+        ->type_name("RATE[,RATE...]")
+        ->delimiter(',')
         ->check([](const std::string& rate) {
             return link_bytes_per_second(rate) > 0 ? std::string()
                                                    : std::string("a tc rate such as 100mbit");
         });
+    add_count("--clients", o.clients,
+              "the last C ranks of every hivemesh cell join as clients, which accept no "
+              "connections and reduce nothing (Gloo and MPI have no such role: every rank "
+              "reduces); the default rows then include hivemesh-uniform, which splits the "
+              "vector evenly among the other ranks where hivemesh balances it by link rate")
+        ->type_name("C");
     // A child process of a cell (started by the driver, or by mpirun).
     app.add_option("--child", o.child, "internal: run as a child of this kind")
         ->check(CLI::IsMember({"hivemesh", "gloo", "mpi"}))
@@ -251,16 +288,24 @@ options parse(int argc, char** argv) {
     app.add_option("--address", o.address, "internal: the child's address")->group("");
     try {
         app.parse(argc, argv);
-        for (const auto n : o.processes)
+        if (o.quick) {
+            if (!processes->count()) o.processes = {2};
+            if (!elements->count()) o.elements = std::size_t{1} << 20;
+            if (!rounds->count()) o.rounds = 2;
+        }
+        for (const auto n : o.processes) {
             if (n < 2) throw CLI::ValidationError("--processes", "at least 2 each");
+            if (o.clients >= n && o.child.empty())
+                throw CLI::ValidationError("--clients", "fewer than every process count");
+        }
+        const auto most = *std::max_element(o.processes.begin(), o.processes.end());
+        if (o.links.size() > 1 && o.links.size() != most && o.child.empty())
+            throw CLI::ValidationError("--link", "one rate, or one per rank of the largest "
+                                                 "process count (" +
+                                                     std::to_string(most) + ")");
         if (o.part_size < sizeof(float)) throw CLI::ValidationError("--part-size", "at least 4");
     } catch (const CLI::ParseError& e) {
         program::exit_after(app, e);
-    }
-    if (o.quick) {
-        if (!processes->count()) o.processes = {2};
-        if (!elements->count()) o.elements = std::size_t{1} << 20;
-        if (!rounds->count()) o.rounds = 2;
     }
     return o;
 }
@@ -439,17 +484,10 @@ void scale(std::span<float> values, std::size_t n) {
 
 compression::kind codec_of(const std::string& name) {
     if (name == "adaptive") return compression::kind::none; // blockwise_8bit where it pays
+    if (name == "uniform") return compression::kind::none;  // split evenly, not balanced
     for (const auto k : compression::all_kinds)
         if (compression::to_string(k) == name) return k;
     throw std::invalid_argument("unknown codec " + name);
-}
-
-/// V split into n spans as evenly as possible, the remainder to the first ones.
-std::vector<std::size_t> equal_spans(std::size_t elements, std::size_t n) {
-    std::vector<std::size_t> spans(n, elements / n);
-    for (std::size_t k = 0; k < elements % n; ++k)
-        ++spans[k];
-    return spans;
 }
 
 int hivemesh_child(const options& o) {
@@ -515,12 +553,19 @@ int hivemesh_child(const options& o) {
         member.peer.id = crypto::peer_id::from_string(id);
         member.peer.endpoint =
             asio::ip::tcp::endpoint(asio::ip::make_address(peer_address), peer_port);
-        member.role = averaging::member_role::node;
-        // What the adaptive choice weighs against this process's codec rate (0: unknown).
-        member.bandwidth = o.link.empty() ? 0 : link_bytes_per_second(o.link);
+        // The rate a member announces: what load balancing and the adaptive choice weigh
+        // (0: unknown, or a client).
+        const bool client = k >= o.size - o.clients;
+        member.role = client ? averaging::member_role::client : averaging::member_role::node;
+        member.bandwidth = client ? 0 : o.link_rate(k);
     }
     if (group.members[o.rank].peer.id != rpc.id()) throw std::runtime_error("not at my rank");
-    const auto spans = equal_spans(o.elements, o.size);
+    // Shares by the announced rates, as the averager splits; uniform: as if none were known.
+    auto bandwidths = averaging::announced_bandwidths(group);
+    if (o.mode == "uniform")
+        for (auto& b : bandwidths)
+            if (b != 0.0) b.reset();
+    const auto spans = averaging::load_balance(o.elements, bandwidths);
 
     std::vector<float> tensor(o.elements);
     fill(tensor, o.rank);
@@ -900,9 +945,13 @@ std::vector<std::string> child_arguments(const options& o, const system_spec& s,
                                dir,
                                "--nonce",
                                std::to_string(nonce)};
-    if (!o.link.empty()) {
+    if (!o.links.empty()) {
         a.push_back("--link");
-        a.push_back(o.link);
+        a.push_back(joined(o.links));
+    }
+    if (o.clients > 0) {
+        a.push_back("--clients");
+        a.push_back(std::to_string(o.clients));
     }
     return a;
 }
@@ -1104,6 +1153,23 @@ cell run_cell(const options& o, const system_spec& s, std::size_t n) {
     }
 }
 
+/// The least time an all-reduce among the first n ranks takes over their links. With the
+/// shares w_i that minimise it (averaging::optimize_shares), member i sends, and receives,
+/// 1 + (n-2) w_i times the tensor, and a client (share 0) the tensor once; with equal links
+/// and no clients this is 2(n-1)/n x tensor bytes / rate.
+double all_reduce_bound(const options& o, std::size_t n) {
+    std::vector<double> rates(n);
+    double slowest_client = 0; // the longest 1/rate among the clients
+    for (std::size_t k = 0; k < n; ++k)
+        if (k < n - o.clients)
+            rates[k] = o.link_rate(k);
+        else
+            slowest_client = std::max(slowest_client, 1 / o.link_rate(k));
+    const auto plan = averaging::optimize_shares(rates);
+    return std::max(plan.round_time, slowest_client) *
+           static_cast<double>(o.elements * sizeof(float));
+}
+
 struct target {
     std::string text;
     std::optional<bool> met; ///< nullopt: not measured in this run
@@ -1115,8 +1181,8 @@ int driver_main(const options& o) {
     std::vector<system_spec> rows;
     const auto known = all_systems();
     if (o.systems.empty()) {
-        for (const auto& s : known)
-            if (s.built) rows.push_back(s);
+        for (const auto& s : known) // the uniform split differs only where the links do
+            if (s.built && (s.mode != "uniform" || o.heterogeneous())) rows.push_back(s);
     } else {
         for (const auto& name : o.systems) { // parse() took only known names
             const auto it = std::find_if(known.begin(), known.end(),
@@ -1170,23 +1236,24 @@ int driver_main(const options& o) {
     const std::string load_at_end = loadavg();
 
     // The table.
-    const double link_rate = o.link.empty() ? 0 : link_bytes_per_second(o.link);
-    // The least time any all-reduce of N processes takes over links of link_rate: each
-    // process sends (and receives) 2(N - 1)/N of the tensor.
-    const auto byte_bound = [&](std::size_t n) {
-        return 2.0 * static_cast<double>(n - 1) / static_cast<double>(n) *
-               static_cast<double>(o.elements * sizeof(float)) / link_rate;
-    };
-    const std::string where = o.link.empty()
-                                  ? "loopback TCP"
-                                  : "TCP between network namespaces, every link shaped to " +
-                                        o.link + " each way (tc tbf)";
+    const bool shaped = !o.links.empty();
+    const auto byte_bound = [&](std::size_t n) { return all_reduce_bound(o, n); };
+    const std::string where =
+        !shaped
+            ? "loopback TCP"
+            : "TCP between network namespaces, " +
+                  (o.links.size() == 1 ? "every link shaped to " + o.links[0]
+                                       : "rank k's link shaped to the k-th of " + joined(o.links)) +
+                  " each way (tc tbf)" +
+                  (o.clients
+                       ? ", the last " + std::to_string(o.clients) + " rank(s) hivemesh clients"
+                       : std::string());
     std::printf("\nAll-reduce of %zu float32 (%.1f MB) over %s; median of %zu rounds after %zu "
                 "warm-up, in each of %zu pass(es).\n",
                 o.elements, tensor_mb, where.c_str(), o.rounds, o.warmup, o.passes);
-    if (!o.link.empty()) {
-        std::printf("bound = the median round time / the byte bound 2(N-1)/N x tensor bytes / "
-                    "link rate:");
+    if (shaped) {
+        std::printf("bound = the median round time / the least time the links allow (2(N-1)/N x "
+                    "tensor bytes / link rate where they are equal):");
         for (const auto n : o.processes)
             std::printf(" %.3f s at N=%zu", byte_bound(n), n);
         std::printf(".\n");
@@ -1197,13 +1264,13 @@ int driver_main(const options& o) {
                 "seconds (user + system) of all processes together in a round.\n");
     std::printf("Load average (1/5/15 min): %s at start, %s at end; %u cores.\n\n",
                 load_at_start.c_str(), load_at_end.c_str(), std::thread::hardware_concurrency());
-    const int width = o.link.empty() ? 31 : 38;
+    const int width = shaped ? 38 : 31;
     std::printf("%-34s", "system / mode");
     for (const auto n : o.processes)
-        std::printf(" | %-*s", width,
-                    ("N=" + std::to_string(n) + "  s / GB/s / mem / CPU s" +
-                     (o.link.empty() ? "" : " / bound"))
-                        .c_str());
+        std::printf(
+            " | %-*s", width,
+            ("N=" + std::to_string(n) + "  s / GB/s / mem / CPU s" + (shaped ? " / bound" : ""))
+                .c_str());
     std::printf("\n");
     for (std::size_t i = 0; i < rows.size(); ++i) {
         std::printf("%-34s", rows[i].label.c_str());
@@ -1217,7 +1284,7 @@ int driver_main(const options& o) {
             std::string text =
                 program::format("%7.3f %6.3f %5.2fx %6.3f", c.median_seconds, c.gbytes_per_second,
                                 c.memory_ratio, c.median_cpu_seconds);
-            if (!o.link.empty())
+            if (shaped)
                 text += program::format(" %5.2fx", c.median_seconds / byte_bound(o.processes[j]));
             if (c.wrong) text += " WRONG";
             std::printf(" | %-*s", width, text.c_str());
@@ -1242,9 +1309,11 @@ int driver_main(const options& o) {
         }
         targets.push_back(t);
     };
-    if (!o.link.empty()) {
+    if (shaped) {
         for (const auto n : o.processes) {
             const std::string at = ", N=" + std::to_string(n);
+            ratio_target("hivemesh load balancing at least 1.5x faster than a uniform split" + at,
+                         find("hivemesh", n), find("hivemesh-uniform", n), 1 / 1.5);
             target bound{"hivemesh uncompressed within 1.15x of the byte bound" + at, std::nullopt,
                          ""};
             if (const cell* plain = find("hivemesh", n)) {
@@ -1270,7 +1339,7 @@ int driver_main(const options& o) {
             ratio_target("hivemesh uncompressed no slower than Gloo's best" + at, plain, gloo, 1.0);
         }
     }
-    if (o.link.empty()) {
+    if (!shaped) {
         target t{"hivemesh plaintext none at 4 processes no slower than Gloo halving-doubling",
                  std::nullopt, ""};
         const cell* ours = find("hivemesh", 4);
@@ -1282,7 +1351,7 @@ int driver_main(const options& o) {
         }
         targets.push_back(t);
     }
-    for (const auto n : o.link.empty() ? o.processes : std::vector<std::size_t>{}) {
+    for (const auto n : !shaped ? o.processes : std::vector<std::size_t>{}) {
         target t{"hivemesh blockwise_8bit at least 2x faster than uncompressed, N=" +
                      std::to_string(n),
                  std::nullopt, ""};
@@ -1328,7 +1397,8 @@ int driver_main(const options& o) {
             {"warmup_rounds", o.warmup},
             {"timed_rounds", o.rounds},
             {"passes", o.passes},
-            {"link", o.link.empty() ? "loopback" : o.link},
+            {"link", shaped ? joined(o.links) : "loopback"},
+            {"clients", o.clients},
             {"part_size_bytes", o.part_size},
             {"cores", std::thread::hardware_concurrency()},
             {"load_at_start", load_at_start},
@@ -1361,7 +1431,7 @@ int driver_main(const options& o) {
                     result["memory_ratio"] = c.memory_ratio;
                     result["max_error"] = c.max_error;
                     result["round_seconds"] = c.round_seconds;
-                    if (!o.link.empty()) {
+                    if (shaped) {
                         result["byte_bound_seconds"] = byte_bound(o.processes[j]);
                         result["bound_ratio"] = c.median_seconds / byte_bound(o.processes[j]);
                     }
@@ -1387,15 +1457,19 @@ int run_in_namespaces(const options& o, int argc, char** argv) {
     const std::size_t bound = rows * o.processes.size() * o.passes * o.child_timeout + 60;
     // tbf's bucket holds 10 ms at the rate (128 KiB at least): a small one throttles a fast
     // link below its rate.
-    const auto burst = std::max<std::size_t>(
-        128 * 1024, static_cast<std::size_t>(link_bytes_per_second(o.link) / 100));
+    std::vector<std::string> bursts;
+    for (const auto& rate : o.links)
+        bursts.push_back(
+            std::to_string(std::max<std::size_t>(
+                128 * 1024, static_cast<std::size_t>(link_bytes_per_second(rate) / 100))) +
+            "b");
     std::vector<std::string> args{HIVEMESH_SCRIPTS_DIR "/netns-swarm.sh",
                                   "--peers",
                                   std::to_string(peers),
                                   "--rate",
-                                  o.link,
+                                  joined(o.links),
                                   "--burst",
-                                  std::to_string(burst) + "b",
+                                  joined(bursts),
                                   "--loopback",
                                   "--timeout",
                                   std::to_string(bound),
@@ -1422,7 +1496,7 @@ int main(int argc, char** argv) {
     try {
         const auto o = parse(argc, argv);
         if (!o.child.empty()) return child_main(o);
-        if (!o.link.empty() && !std::getenv("HIVEMESH_NETNS_NAMES"))
+        if (!o.links.empty() && !std::getenv("HIVEMESH_NETNS_NAMES"))
             return run_in_namespaces(o, argc, argv);
         return driver_main(o);
     } catch (const std::exception& e) {

@@ -10,8 +10,9 @@
 #                  [--loopback] [--timeout SECONDS] -- COMMAND [ARGS...]
 #
 #   --peers N          peer namespaces (default 4, at most 250)
-#   --rate RATE        tbf rate of every link, each direction (default 100mbit)
-#   --burst SIZE       tbf bucket size (default 128kb)
+#   --rate RATE        tbf rate of every link, each direction (default 100mbit); a comma-
+#                      separated list with one rate per peer gives peer i the i-th
+#   --burst SIZE       tbf bucket size (default 128kb); a list as for --rate
 #   --latency TIME     longest a packet may wait in the tbf queue (default 50ms)
 #   --loopback         bring each peer namespace's loopback interface up, for programs whose
 #                      processes in one namespace talk to each other (mpirun and its ranks)
@@ -56,6 +57,22 @@ if ! [[ $peers =~ ^[0-9]+$ && $peers -ge 1 && $peers -le 250 && $limit =~ ^[0-9]
   $limit -ge 1 ]]; then
   usage
 fi
+IFS=, read -r -a rates <<< "$rate"
+IFS=, read -r -a bursts <<< "$burst"
+for list in "${#rates[@]}" "${#bursts[@]}"; do
+  if [ "$list" != 1 ] && [ "$list" != "$peers" ]; then
+    echo "netns-swarm: --rate and --burst take one value, or one per peer ($peers)" >&2
+    exit 2
+  fi
+done
+# Peer i's entry of a --rate or --burst list (the only one when it has one).
+nth() {
+  local i=$1
+  shift
+  [ $# -eq 1 ] && i=0
+  local values=("$@")
+  echo "${values[i]}"
+}
 
 skip() {
   echo "SKIP: netns test needs root and ip netns ($*)"
@@ -137,8 +154,10 @@ for ((i = 0; i < peers; i++)); do
   step ip -n "$ns" addr add "${address}/24" dev eth0
   step ip -n "$ns" link set eth0 up
   # Both directions: the peer's egress, and the bridge's egress towards the peer.
-  step tc -n "$ns" qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency "$latency"
-  step tc -n "$bridge_ns" qdisc add dev "b${i}" root tbf rate "$rate" burst "$burst" \
+  peer_rate=$(nth "$i" "${rates[@]}") peer_burst=$(nth "$i" "${bursts[@]}")
+  step tc -n "$ns" qdisc add dev eth0 root tbf rate "$peer_rate" burst "$peer_burst" \
+    latency "$latency"
+  step tc -n "$bridge_ns" qdisc add dev "b${i}" root tbf rate "$peer_rate" burst "$peer_burst" \
     latency "$latency"
   names+=("$ns")
   addresses+=("$address")

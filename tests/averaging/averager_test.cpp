@@ -184,6 +184,18 @@ TEST_CASE("averager: cancelling a step ends it at once with cancelled", "[averag
     CHECK(s.dht.world.now() - start < 3s);
 }
 
+TEST_CASE("announced_bandwidths: a client is 0, a member that announced none is unknown",
+          "[averager][rate]") {
+    averaging::group_info<net::sim::transport::endpoint_type> group;
+    for (const auto& [role, bandwidth] : {std::pair{averaging::member_role::node, 2e6},
+                                          std::pair{averaging::member_role::client, 3e6},
+                                          std::pair{averaging::member_role::node, 0.0},
+                                          std::pair{averaging::member_role::aux, 1e6}})
+        group.members.push_back({{}, role, bandwidth, {}});
+    CHECK(averaging::announced_bandwidths(group) ==
+          std::vector<std::optional<double>>{2e6, 0.0, std::nullopt, 1e6});
+}
+
 TEST_CASE("averager: a peer's upload cap is the bandwidth it announces, so it reduces a smaller "
           "span",
           "[averager][rate]") {

@@ -310,16 +310,8 @@ private:
         out.group_size = group.size();
         for (std::size_t k = 0; k < group.size(); ++k)
             if (group.members[k].peer.id == rpc_->id()) out.index = k;
-        std::vector<std::optional<double>> bandwidths;
-        for (const auto& m : group.members) {
-            if (m.role == member_role::client)
-                bandwidths.emplace_back(0.0);
-            else if (m.bandwidth > 0)
-                bandwidths.emplace_back(m.bandwidth);
-            else
-                bandwidths.emplace_back(std::nullopt);
-        }
-        const auto spans = load_balance(tensor::total_size(tensors_), bandwidths, ec);
+        const auto spans =
+            load_balance(tensor::total_size(tensors_), announced_bandwidths(group), ec);
         if (ec) co_return out_type{ec, std::move(out)};
         const auto members = group.size();
         const auto id = group.id;

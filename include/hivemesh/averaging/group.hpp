@@ -9,6 +9,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -57,5 +58,22 @@ struct group_info {
 
     std::size_t size() const noexcept { return members.size(); }
 };
+
+/// The members' bandwidths in their order, as load_balance() takes them: 0 for a client,
+/// std::nullopt where a member announced none (0).
+template <class Endpoint>
+std::vector<std::optional<double>> announced_bandwidths(const group_info<Endpoint>& group) {
+    std::vector<std::optional<double>> out;
+    out.reserve(group.size());
+    for (const auto& m : group.members) {
+        if (m.role == member_role::client)
+            out.emplace_back(0.0);
+        else if (m.bandwidth > 0)
+            out.emplace_back(m.bandwidth);
+        else
+            out.emplace_back(std::nullopt);
+    }
+    return out;
+}
 
 } // namespace hivemesh::averaging
