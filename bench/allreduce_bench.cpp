@@ -961,7 +961,8 @@ std::vector<std::string> child_arguments(const options& o, const system_spec& s,
 struct namespaces {
     std::vector<std::string> names, addresses;
 
-    static namespaces from_environment() {
+    /// The namespaces for a cell of n processes: none, or at least n.
+    static namespaces for_processes(std::size_t n) {
         namespaces out;
         const auto words = [](const char* text) {
             std::vector<std::string> list;
@@ -974,6 +975,8 @@ struct namespaces {
         out.addresses = words(std::getenv("HIVEMESH_NETNS_ADDRESSES"));
         if (out.names.size() != out.addresses.size())
             throw std::runtime_error("HIVEMESH_NETNS_NAMES and _ADDRESSES differ in length");
+        if (out.active() && out.names.size() < n)
+            throw std::runtime_error("fewer namespaces than processes");
         return out;
     }
     bool active() const { return !names.empty(); }
@@ -992,9 +995,7 @@ const std::string env_program = "/usr/bin/env";
 
 /// hivemesh and Gloo: n children of this program, driven over their pipes.
 cell run_children(const options& o, const system_spec& s, std::size_t n) {
-    const auto spaces = namespaces::from_environment();
-    if (spaces.active() && spaces.names.size() < n)
-        throw std::runtime_error("fewer namespaces than processes");
+    const auto spaces = namespaces::for_processes(n);
     cell c;
     temp_dir dir;
     const auto nonce =
@@ -1084,9 +1085,7 @@ cell run_children(const options& o, const system_spec& s, std::size_t n) {
 cell run_mpi(const options& o, const system_spec& s, std::size_t n) {
     cell c;
     temp_dir dir;
-    const auto spaces = namespaces::from_environment();
-    if (spaces.active() && spaces.names.size() < n)
-        throw std::runtime_error("fewer namespaces than processes");
+    const auto spaces = namespaces::for_processes(n);
     // TCP only, over loopback or the namespaces' links: no shared memory, no UCX.
     const std::string interface = spaces.active() ? "eth0" : "lo";
     std::vector<std::string> args{
