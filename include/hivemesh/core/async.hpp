@@ -8,6 +8,7 @@
 
 #include "hivemesh/core/config.hpp"
 #include "hivemesh/core/error.hpp"
+#include "hivemesh/core/fifo.hpp"
 #include "hivemesh/core/log.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -166,8 +167,23 @@ public:
     HIVEMESH_DECL asio::awaitable<std::error_code> wait();
 
 private:
+    /// The channel's traits with a buffer that allocates nothing until used: Asio's default
+    /// (std::deque) allocates about 600 bytes per channel, and every connection and call
+    /// stream holds wakeups.
+    template <class... Signatures>
+    struct traits : asio::experimental::channel_traits<Signatures...> {
+        template <class... Others>
+        struct rebind {
+            using other = traits<Others...>;
+        };
+        template <class Element>
+        struct container {
+            using type = fifo<Element>;
+        };
+    };
     // Asio 1.22's channel needs a value besides the error code.
-    asio::experimental::channel<void(std::error_code, bool)> channel_;
+    asio::experimental::basic_channel<asio::any_io_executor, traits<>, void(std::error_code, bool)>
+        channel_;
 };
 
 template <class Signature>

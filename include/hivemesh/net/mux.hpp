@@ -17,6 +17,7 @@
 #include "hivemesh/core/bytes.hpp"
 #include "hivemesh/core/config.hpp"
 #include "hivemesh/core/error.hpp"
+#include "hivemesh/core/fifo.hpp"
 #include "hivemesh/core/log.hpp"
 #include "hivemesh/crypto/peer_id.hpp"
 #include "hivemesh/net/frame.hpp"
@@ -32,7 +33,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -131,7 +131,7 @@ struct stream_state {
     std::uint32_t id;
 
     // Receiving.
-    std::deque<byte_buffer> inbox; ///< complete messages for the application
+    hivemesh::fifo<byte_buffer> inbox; ///< complete messages for the application
     std::size_t inbox_bytes = 0;
     byte_buffer partial;    ///< the message being assembled ...
     std::size_t filled = 0; ///< ... in its first `filled` bytes (the rest is stale)
@@ -151,7 +151,7 @@ struct stream_state {
         bool end_stream = false;
         bool bare = false; ///< no message: only ends the stream
     };
-    std::deque<outgoing> outbox;
+    hivemesh::fifo<outgoing> outbox;
     std::int64_t send_window;
     std::uint64_t messages_queued = 0;
     std::uint64_t messages_written = 0;
@@ -376,9 +376,9 @@ private:
     /// Waits in `waiters` until notified; errc::cancelled (and out of the queue) if the
     /// awaiting coroutine is cancelled first.
     HIVEMESH_DECL asio::awaitable<std::error_code>
-    wait_in(std::deque<std::shared_ptr<hivemesh::wakeup>>& waiters);
+    wait_in(hivemesh::fifo<std::shared_ptr<hivemesh::wakeup>>& waiters);
 
-    HIVEMESH_DECL static void wake_all(std::deque<std::shared_ptr<hivemesh::wakeup>>& waiters);
+    HIVEMESH_DECL static void wake_all(hivemesh::fifo<std::shared_ptr<hivemesh::wakeup>>& waiters);
 
     HIVEMESH_DECL void wake_openers();
 
@@ -407,12 +407,12 @@ private:
     std::uint64_t activity_ = 0;
     mux_statistics stats_;
 
-    std::deque<byte_buffer> control_;
+    hivemesh::fifo<byte_buffer> control_;
     std::vector<mux_message> retired_; ///< messages out of their outbox, viewed by the write
-    std::deque<stream_ptr> ready_;
-    std::deque<std::shared_ptr<hivemesh::wakeup>> open_waiters_;
-    std::deque<std::shared_ptr<hivemesh::wakeup>> settings_waiters_;
-    std::deque<std::shared_ptr<hivemesh::wakeup>> idle_waiters_;
+    hivemesh::fifo<stream_ptr> ready_;
+    hivemesh::fifo<std::shared_ptr<hivemesh::wakeup>> open_waiters_;
+    hivemesh::fifo<std::shared_ptr<hivemesh::wakeup>> settings_waiters_;
+    hivemesh::fifo<std::shared_ptr<hivemesh::wakeup>> idle_waiters_;
     hivemesh::wakeup writer_wake_;
 
     bool closed_ = false;

@@ -58,8 +58,10 @@ public:
     using next_layer_type = Stream;
     using executor_type = typename Stream::executor_type;
 
-    /// Reads happen in chunks of at least this size, so small records share a syscall.
-    static constexpr std::size_t read_chunk_size = 8 * 1024;
+    /// Reads happen in chunks of at least this size, so small records share a syscall. Kept
+    /// small: every open connection holds its buffer while its next read waits, and a DHT
+    /// node keeps dozens of mostly idle connections.
+    static constexpr std::size_t read_chunk_size = 2 * 1024;
     /// A connection carrying large records reads into a buffer of about four of them (up
     /// to this size), so one read takes in several and moving a partial record is rare.
     static constexpr std::size_t max_read_buffer_size = 1024 * 1024;

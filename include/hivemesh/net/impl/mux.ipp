@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -608,17 +607,17 @@ HIVEMESH_DECL void mux_connection::close_soon() {
 }
 
 HIVEMESH_DECL asio::awaitable<std::error_code>
-mux_connection::wait_in(std::deque<std::shared_ptr<hivemesh::wakeup>>& waiters) {
+mux_connection::wait_in(hivemesh::fifo<std::shared_ptr<hivemesh::wakeup>>& waiters) {
     auto waiter = std::make_shared<hivemesh::wakeup>(ex_);
     waiters.push_back(waiter);
     const std::error_code cancelled = co_await waiter->wait();
     if (!cancelled) co_return std::error_code{};
-    std::erase(waiters, waiter);
+    waiters.erase(waiter);
     co_return errc::cancelled;
 }
 
 HIVEMESH_DECL void
-mux_connection::wake_all(std::deque<std::shared_ptr<hivemesh::wakeup>>& waiters) {
+mux_connection::wake_all(hivemesh::fifo<std::shared_ptr<hivemesh::wakeup>>& waiters) {
     for (auto& waiter : waiters)
         waiter->notify();
     waiters.clear();
