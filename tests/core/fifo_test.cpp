@@ -76,6 +76,23 @@ TEST_CASE("fifo: erase removes every equal element and keeps the order", "[core]
     CHECK(q.empty());
 }
 
+TEST_CASE("fifo: a queue moved from is empty", "[core][fifo]") {
+    fifo<int> q;
+    for (int v : {1, 2, 3})
+        q.push_back(v);
+    q.pop_front();
+    fifo<int> moved(std::move(q));
+    CHECK(contents(moved) == std::vector<int>{2, 3});
+    CHECK(q.empty()); // NOLINT(bugprone-use-after-move): what the test is about
+    CHECK(q.size() == 0);
+    q.push_back(7);
+    fifo<int> assigned;
+    assigned = std::move(moved);
+    CHECK(contents(assigned) == std::vector<int>{2, 3});
+    CHECK(moved.empty()); // NOLINT(bugprone-use-after-move)
+    CHECK(contents(q) == std::vector<int>{7});
+}
+
 TEST_CASE("fifo: elements that can only be moved", "[core][fifo]") {
     fifo<payload> q;
     for (int round = 0; round < 3; ++round) {

@@ -12,8 +12,9 @@ namespace hivemesh {
 
 /// A queue over one vector: pop_front() moves a head index, and the live elements move down
 /// when a push would otherwise grow storage that is at least half popped. Pushing
-/// invalidates references, as for std::vector. Storage above `kept_capacity` elements is released
-/// when the queue empties, so one burst does not hold memory for the connection's lifetime.
+/// invalidates references, as for std::vector. Storage above `kept_capacity` elements is
+/// released when the queue empties, so one burst does not hold memory for the connection's
+/// lifetime.
 template <class T>
 class fifo {
 public:
@@ -21,6 +22,22 @@ public:
     using const_iterator = typename std::vector<T>::const_iterator;
 
     static constexpr std::size_t kept_capacity = 16;
+
+    fifo() = default;
+    fifo(const fifo&) = default;
+    fifo& operator=(const fifo&) = default;
+    /// A queue moved from is empty.
+    fifo(fifo&& other) noexcept
+        : items_(std::move(other.items_))
+        , head_(std::exchange(other.head_, 0)) {
+        other.items_.clear();
+    }
+    fifo& operator=(fifo&& other) noexcept {
+        items_ = std::move(other.items_);
+        head_ = std::exchange(other.head_, 0);
+        other.items_.clear();
+        return *this;
+    }
 
     bool empty() const noexcept { return head_ == items_.size(); }
     std::size_t size() const noexcept { return items_.size() - head_; }
