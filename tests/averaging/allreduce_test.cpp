@@ -13,6 +13,7 @@
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
+#include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
 
 #include <catch2/catch.hpp>
@@ -709,6 +710,50 @@ TEST_CASE("allreduce faults (5 peers, one a client): healthy peers finish by the
                 }
             }
         }
+}
+
+TEST_CASE("allreduce: a member whose process is gone (dials refused, its connections reset) is "
+          "dropped at once, not after sender_timeout",
+          "[allreduce][faults]") {
+    auto options = allreduce_group<sim_world>::small_parts();
+    options.sender_timeout = 30s; // waiting for the victim would show
+    options.reducer_timeout = 60s;
+    const std::size_t victim = 2;
+    for (const bool mid_round : {false, true}) {
+        INFO((mid_round ? "gone while sending its part 2" : "gone before the round"));
+        allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 5000, options);
+        // Its node closes without draining, as when its process is killed: the host stays up,
+        // so dials to it are refused and its connections are reset.
+        auto gone = [&g] { g.members[victim].rpc->close_now(); };
+        if (mid_round) {
+            averaging::allreduce_hooks hooks;
+            bool closed = false;
+            hooks.before_send = [&](std::size_t, std::size_t part) {
+                if (part == 2 && !closed) {
+                    closed = true;
+                    asio::post(g.world.io, gone);
+                }
+                return duration::zero();
+            };
+            g.peers[victim].service->set_hooks(hooks);
+            g.run(120s);
+        } else {
+            gone();
+            g.run(120s, {victim});
+        }
+        for (std::size_t i = 0; i < g.peers.size(); ++i) {
+            if (i == victim) continue;
+            INFO("peer " << i);
+            const auto& [ec, result] = *g.peers[i].outcome;
+            CHECK_FALSE(ec);
+            CHECK(g.peers[i].finished_at - g.started_at < 1s);
+            g.check_consistent(i);
+            // Our own spans are averaged over the three that remain; the victim's stayed ours
+            // (mid-round, a part it sent before it went may count for a span).
+            CHECK(result.fraction_averaged() == 0.75);
+            if (!mid_round) CHECK(result.participants == all_but(4, {victim}));
+        }
+    }
 }
 
 TEST_CASE("allreduce over a list of tensors writes the averages back into each tensor",

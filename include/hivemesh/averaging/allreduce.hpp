@@ -10,7 +10,9 @@
 //
 // Failures (each reported in the result, never an error of the round):
 // - a sender that stays silent for `sender_timeout` (or never connects) is dropped from
-//   the parts it has not delivered; parts it delivered keep its values;
+//   the parts it has not delivered; parts it delivered keep its values. A member we cannot
+//   dial (refused, unanswered, another peer at its address), or whose connection ends while
+//   we send to it, is dropped so at once, without that wait;
 // - a reducer that stays silent for `reducer_timeout`, or fails, leaves the rest of its
 //   span at each sender's local values;
 // - at the round deadline whatever is not averaged stays local.
@@ -190,6 +192,12 @@ inline compression::kind codec_for_link(const allreduce_options& options, double
 }
 
 namespace detail {
+
+/// Whether a call's read or write failed because the connection itself ended (the peer's
+/// process exited or its host went away), rather than by a status, a deadline or a cancel.
+inline bool connection_lost(std::error_code ec) noexcept {
+    return ec == errc::connection_closed || ec == errc::connection_truncated;
+}
 
 /// The lesser of two announced bandwidths, leaving out unknown ones (0, or what a peer
 /// should not have announced: negative, NaN or infinite); 0 when neither is known.

@@ -206,6 +206,12 @@ void allreduce_service<Transport>::round::fail_sender(std::size_t j, errc why) {
 }
 
 template <net::transport Transport>
+void allreduce_service<Transport>::round::member_departed(std::size_t k) {
+    if (aborted || finished || !senders[k].expected) return;
+    if (senders[k].next_part < parts_of(me)) fail_sender(k, errc::connection_closed);
+}
+
+template <net::transport Transport>
 asio::awaitable<std::error_code> allreduce_service<Transport>::round::serve_sender(
     std::shared_ptr<round> self, const begin_message& begin, net::call_stream& stream) {
     using namespace asio::experimental::awaitable_operators;

@@ -227,6 +227,9 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
     /// Frees the results every sender still being answered has already been written.
     void trim_results();
     void fail_sender(std::size_t j, errc why);
+    /// Our connection to member k failed (see send_to): k is most likely gone, so its parts
+    /// of our span are not waited for (a silent sender would hold them for sender_timeout).
+    void member_departed(std::size_t k);
     /// Serves sender j's stream: takes its parts and returns the averages.
     static asio::awaitable<std::error_code>
     serve_sender(std::shared_ptr<round> self, const begin_message& begin, net::call_stream& stream);

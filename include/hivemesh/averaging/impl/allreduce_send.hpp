@@ -23,6 +23,8 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_to(std::shared_p
                       limit.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
         if (opened.index() != 0 || std::get<0>(opened) || r.aborted) {
             slot.active = false;
+            // k's address did not answer, or someone else did.
+            if (opened.index() == 0 && std::get<0>(opened)) r.member_departed(k);
             co_return;
         }
     }
@@ -42,7 +44,10 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_to(std::shared_p
         byte_buffer first = encode(begin);
         r.result.bytes_sent += first.size();
         const auto ec = co_await stream.write(std::move(first));
-        if (!ec) co_await (send_parts(self, k, stream) && take_results(self, k, stream));
+        if (!ec)
+            co_await (send_parts(self, k, stream) && take_results(self, k, stream));
+        else if (detail::connection_lost(ec))
+            r.member_departed(k);
     }
     slot.stream = nullptr;
     slot.active = false;
@@ -180,6 +185,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_results(std::sha
     } else if (!r.aborted) {
         log::warning("allreduce", "member ", k, " returned ", p, " of ", parts,
                      " parts: ", why.message());
+        if (detail::connection_lost(why)) r.member_departed(k);
     }
     slot.active = false;
 }
