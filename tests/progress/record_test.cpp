@@ -304,6 +304,29 @@ TEST_CASE("the global estimate follows its formulas", "[progress][estimate]") {
         const auto unknown = time_point::max();
         CHECK(at(2s, unknown).eta - at(1s, unknown).eta > 399ms);
     }
+    SECTION("a record still one epoch behind in a read after this peer entered the epoch counts "
+            "from that read") {
+        // Entered 0.5 s ago; a read that began 0.2 s ago still found the peer at epoch 4 (say
+        // it was still averaging): 40 · 0.2 = 8 samples, not 40 · 0.5.
+        const auto reread =
+            progress::estimate_global_progress(records, 5, now, o, now - 500ms, now - 200ms);
+        CHECK(reread.estimated_samples == Approx(390 + 8).epsilon(1e-12));
+        // A read from before this peer entered the epoch tells nothing new.
+        const auto earlier =
+            progress::estimate_global_progress(records, 5, now, o, now - 500ms, now - 3s);
+        CHECK(earlier.estimated_samples == 390 + 20);
+        // So a peer stuck in its round does not end this one's epoch for it: read again and
+        // again, its rate adds at most the time since the last read.
+        auto others = records;
+        others.erase(others.begin() + 3); // the record at epoch 4
+        for (const auto later : {1s, 5s, 30s}) {
+            const time_point t = now + later;
+            const auto stuck =
+                progress::estimate_global_progress(records, 5, t, o, now - 500ms, t - 200ms);
+            const auto rest = progress::estimate_global_progress(others, 5, t, o, now - 500ms);
+            CHECK(stuck.estimated_samples - rest.estimated_samples == Approx(8).epsilon(1e-9));
+        }
+    }
     SECTION("a slow swarm far from its target refreshes at the maximum period") {
         const std::vector<progress::progress_record> slow{{0, 0, 1, now, false}};
         const auto g3 = progress::estimate_global_progress(slow, 0, now, o);

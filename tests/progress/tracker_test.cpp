@@ -166,6 +166,41 @@ TEST_CASE("five peers of uneven speed advance their epochs together", "[progress
     }
 }
 
+TEST_CASE("a peer that stays one epoch behind (still averaging) does not end the next epoch for "
+          "the peers ahead",
+          "[progress][sim]") {
+    sim_swarm swarm(13);
+    constexpr std::uint64_t target = 500;
+    swarm.add_peer();
+    swarm.add_peer();
+    std::vector<std::unique_ptr<sim_tracker>> trackers;
+    std::deque<trainer> trainers;
+    for (std::size_t i = 0; i < 2; ++i) {
+        trackers.push_back(std::make_unique<sim_tracker>(swarm.peers[i], run_options(target)));
+        trainers.emplace_back(5, 100ms); // 50 samples/s each
+    }
+    auto& ahead = trainers[0];
+    auto& stuck = trainers[1];
+    ahead.advance = true;
+    ahead.last_epoch = 2;
+    start(swarm, *trackers[0], ahead);
+    start(swarm, *trackers[1], stuck);
+    // Epoch 0 ends after about 5 s; then the other peer stops reporting and stays at epoch 0,
+    // as a peer whose round of epoch 0 goes on does. Its record lives on (60 s).
+    REQUIRE(swarm.run_until([&] { return ahead.epoch == 1; }, 60s));
+    stuck.stop = true;
+    REQUIRE(swarm.run_until([&] { return !ahead.running; }, 40s));
+    REQUIRE(ahead.contributed.size() == 2);
+    INFO("epoch 1: " << ahead.contributed[1] << " samples, "
+                     << seconds(ahead.left_at[1] - ahead.left_at[0]) << " s");
+    // Its own 50 samples/s make the target, less at most the other's rate over the last read
+    // period (0.5 s near the ETA). Counting the other's rate from the start of epoch 1 ended
+    // it at about half the target.
+    CHECK(ahead.contributed[1] >= target - 50);
+    CHECK(trackers[0]->global_progress().epoch == 2);
+    trainers[0].stop = true;
+}
+
 TEST_CASE("the ETA follows the extrapolation and shrinks when a fast peer joins",
           "[progress][sim]") {
     sim_swarm swarm(12);

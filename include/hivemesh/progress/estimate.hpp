@@ -131,16 +131,19 @@ inline double finite_or_max(double x) noexcept {
 
 /// Estimates the global progress at `now` from the live `records` (the caller drops
 /// tombstones and expired records, and includes its own record if it reports samples) for a
-/// peer at `local_epoch`, which it entered at `epoch_started` (time_point::max(): unknown):
+/// peer at `local_epoch`, which it entered at `epoch_started` (time_point::max(): unknown),
+/// the others' records read from the DHT by a read that began at `read_at`:
 ///   - epoch E = max(local_epoch, epoch of every non-client record);
 ///   - samples_accumulated = Σ samples over the records at E;
 ///   - estimated_samples = Σ over the records at E of samples + samples/s · max(0, now − report
 ///     time), plus, when E = local_epoch, Σ over the records at E − 1 of samples/s · max(0,
-///     now − max(report time, epoch_started)): the peers of an epoch end it together, so a
-///     record of the epoch before is most likely a peer that moved to E about when this one
-///     did and was not read since. (Counting its rate from `now` at every estimate instead
+///     now − max(report time, epoch_started, read_at)): the peers of an epoch end it together,
+///     so a record of the epoch before is most likely a peer that moved to E about when this
+///     one did and was not read since. (Counting its rate from `now` at every estimate instead
 ///     would move the ETA away as fast as time passes: a peer that has not yet read the
-///     others' new records would end its epoch only when its own samples reach the target.);
+///     others' new records would end its epoch only when its own samples reach the target.)
+///     But a read after this peer entered E that still found the record at E − 1 shows that
+///     its peer had not moved then (e.g. it was still averaging): it counts from that read;
 ///   - samples_per_second R = Σ samples/s over all records (peers behind will catch up and
 ///     contribute);
 ///   - eta = now + max(0, target − estimated_samples) / R, rounded up to a nanosecond (now if
@@ -156,7 +159,8 @@ inline double finite_or_max(double x) noexcept {
 inline global_training_progress
 estimate_global_progress(std::span<const progress_record> records, std::uint64_t local_epoch,
                          time_point now, const estimate_options& options,
-                         time_point epoch_started = time_point::max()) {
+                         time_point epoch_started = time_point::max(),
+                         time_point read_at = time_point::min()) {
     global_training_progress g;
     g.target_batch_size = options.target_batch_size;
     g.estimated_at = now;
@@ -172,7 +176,7 @@ estimate_global_progress(std::span<const progress_record> records, std::uint64_t
             const bool one_behind =
                 g.epoch == local_epoch && g.epoch != 0 && r.epoch == g.epoch - 1;
             if (!one_behind || epoch_started == time_point::max()) continue;
-            const time_point since = std::max(r.report_time, epoch_started);
+            const time_point since = std::max({r.report_time, epoch_started, read_at});
             const double moved = std::max(0.0, std::chrono::duration<double>(now - since).count());
             g.estimated_samples = detail::finite_or_max(
                 g.estimated_samples + detail::finite_or_max(r.samples_per_second * moved));

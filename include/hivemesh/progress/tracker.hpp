@@ -269,6 +269,7 @@ private:
         time_point ema_since{};               ///< start of the interval being measured
         std::uint64_t unmeasured_samples = 0; ///< reported in an interval of zero length
         std::vector<seen_record> others;      ///< from the last successful read
+        time_point others_read_at{};          ///< when that read began
         global_training_progress snapshot;
         bool publish_pending = false; ///< a report not yet published
         bool publish_now = false;     ///< a new epoch: no throttling

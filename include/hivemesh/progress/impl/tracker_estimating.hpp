@@ -48,7 +48,8 @@ std::vector<progress_record> tracker<Transport>::live_records(const shared& st, 
 template <net::transport Transport>
 void tracker<Transport>::reestimate(shared& st, time_point now, bool fetched) {
     const auto records = live_records(st, now);
-    auto g = estimate_global_progress(records, st.local.epoch, now, st.estimate, st.epoch_started);
+    auto g = estimate_global_progress(records, st.local.epoch, now, st.estimate, st.epoch_started,
+                                      st.others_read_at);
     if (!fetched) g.next_fetch = std::min(g.next_fetch, st.snapshot.next_fetch);
     g.version = st.snapshot.version + 1;
     st.snapshot = g;
@@ -91,6 +92,7 @@ asio::awaitable<void> tracker<Transport>::fetch(shared_ptr st) {
     using result_type = std::pair<std::error_code, dht::key_entry>;
     auto result = std::make_shared<result_type>();
     auto done = std::make_shared<wakeup>(st->executor);
+    const time_point started = st->now();
     {
         std::lock_guard lock(st->dht_mutex);
         if (!st->dht) co_return; // closed
@@ -127,6 +129,7 @@ asio::awaitable<void> tracker<Transport>::fetch(shared_ptr st) {
         if (found) {
             ++st->stats.fetches;
             st->others = std::move(others);
+            st->others_read_at = started;
         } else {
             ++st->stats.fetch_failures;
             log::debug("progress", "reading ", st->key, " failed: ", ec.message());
