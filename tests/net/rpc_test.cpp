@@ -13,8 +13,11 @@
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
 #include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -259,6 +262,51 @@ TEMPLATE_TEST_CASE("a deadline ends the call and cancels the handler", "[net][rp
     // The connection survives a timed-out call.
     add_echo(server);
     CHECK_FALSE(call(world, *client.node, server.peer(), "echo", random_bytes(5, 5)).ec);
+}
+
+TEST_CASE("open_call_within and within give up at their limit, not at the dial timeout",
+          "[net][rpc]") {
+    sim_world world;
+    host<sim_world> server(world, 1), client(world, 2);
+    add_echo(server);
+    world.network.partition({server.transport.node()}); // dials to it go unanswered
+    using timer = net::sim::timer;
+    const time_point start = world.now();
+    std::error_code opened;
+    time_point opened_at{};
+    std::pair<std::error_code, int> timed_out{{}, 7}, cancelled{{}, 7};
+    // An hour of the world's time, then 1.
+    auto slow = []() -> asio::awaitable<std::pair<std::error_code, int>> {
+        timer hour(co_await asio::this_coro::executor);
+        hour.expires_after(3600s);
+        auto [ec] = co_await hour.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        co_return std::pair<std::error_code, int>{ec, 1};
+    };
+    auto body = [&]() -> asio::awaitable<void> {
+        net::call_stream stream;
+        opened = co_await client.node->open_call_within(server.peer(), "echo", 60s, 400ms, stream);
+        opened_at = world.now();
+        timed_out = co_await net::within<timer>(slow(), 250ms);
+        timer deadline(co_await asio::this_coro::executor);
+        deadline.expires_after(3600s);
+        auto give_up = [&]() -> asio::awaitable<void> {
+            timer soon(co_await asio::this_coro::executor);
+            soon.expires_after(100ms);
+            co_await soon.async_wait(asio::use_awaitable);
+            deadline.cancel();
+        };
+        asio::co_spawn(co_await asio::this_coro::executor, give_up(), asio::detached);
+        cancelled = co_await net::within(slow(), deadline);
+    };
+    auto done = spawn_flag(world.io.get_executor(), body());
+    REQUIRE(world.run_until([&] { return *done; }, 60s));
+    CHECK(opened == errc::timeout);
+    CHECK(opened_at - start == 400ms); // the node's dial_timeout is 10 s
+    CHECK(timed_out.first == errc::timeout);
+    CHECK(timed_out.second == 0);
+    CHECK(cancelled.first == errc::cancelled);
+    CHECK(cancelled.second == 0);
+    CHECK(world.now() - start < 1s);
 }
 
 TEMPLATE_TEST_CASE("cancelling a call through its slot cancels the handler", "[net][rpc]",

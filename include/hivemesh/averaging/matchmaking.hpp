@@ -508,8 +508,8 @@ private:
         join_response response;
         // The dial is part of asking: a dead candidate costs join_timeout, not the node's
         // dial_timeout, which may be longer.
-        auto opening = st->rpc->open_call(target, method(o), limit + o.join_timeout, stream);
-        std::error_code ec = co_await within(st, std::move(opening), o.join_timeout);
+        std::error_code ec = co_await st->rpc->open_call_within(
+            target, method(o), limit + o.join_timeout, o.join_timeout, stream);
         const bool opened = !ec;
         if (opened) {
             join_request request{a->request.schema_hash, a->key, a->expiration,
@@ -522,7 +522,8 @@ private:
             // Also after a failed write: a leader at max_pending_joins refuses before it
             // reads our request, and its status is what the read returns.
             auto reading = stream.read(message);
-            if (const auto read_error = co_await within(st, std::move(reading), o.join_timeout))
+            if (const auto read_error =
+                    co_await net::within<timer_type>(std::move(reading), o.join_timeout))
                 ec = read_error;
         }
         if (ec == errc::refused) ++st->stats.requests_refused;
@@ -565,18 +566,6 @@ private:
             log::debug("matchmaking", "joining ", c.id.to_string(), ": ", ec.message());
         a->outgoing = nullptr;
         co_return out;
-    }
-
-    /// `operation`'s outcome, or timeout (cancelling it) if it takes longer than `limit`.
-    static asio::awaitable<std::error_code>
-    within(state_ptr st, asio::awaitable<std::error_code> operation, duration limit) {
-        using namespace asio::experimental::awaitable_operators;
-        timer_type timer(st->executor);
-        timer.expires_after(limit);
-        auto got = co_await (std::move(operation) ||
-                             timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-        if (got.index() == 1) co_return make_error_code(errc::timeout);
-        co_return std::get<0>(got);
     }
 
     /// The group as the averaging layer uses it, after checking it: `leader` first, us in

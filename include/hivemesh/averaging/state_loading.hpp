@@ -12,8 +12,6 @@
 #include "hivemesh/net/transport.hpp"
 
 #include <asio/async_result.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
@@ -123,22 +121,6 @@ asio::awaitable<std::error_code> download_from(net::node<Transport>& rpc,
     co_return std::error_code{};
 }
 
-/// download_from() within `timeout`, whatever the peer does.
-template <net::transport Transport>
-asio::awaitable<std::error_code>
-download_within(net::node<Transport>& rpc, typename net::node<Transport>::peer target,
-                std::string method, duration timeout, const load_options& options,
-                downloaded_state& out) {
-    using namespace asio::experimental::awaitable_operators;
-    typename Transport::timer_type timer(rpc.get_executor());
-    timer.expires_after(timeout);
-    auto outcome =
-        co_await (download_from(rpc, std::move(target), std::move(method), timeout, options, out) ||
-                  timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-    if (outcome.index() == 0) co_return std::get<0>(outcome);
-    co_return errc::timeout;
-}
-
 template <net::transport Transport>
 asio::awaitable<std::pair<std::error_code, std::vector<donor_info>>>
 list_donors(dht::node<Transport>& dht, std::string prefix) {
@@ -170,24 +152,12 @@ load_state(net::node<Transport>& rpc, dht::node<Transport>& dht, std::string pre
     }
     const auto executor = rpc.get_executor();
     const time_point deadline = net::transport_now<Transport>(executor) + options.timeout;
-    std::vector<donor_info> donors;
-    {
-        using namespace asio::experimental::awaitable_operators;
-        typename Transport::timer_type timer(executor);
-        timer.expires_after(options.timeout);
-        auto listed =
-            co_await (list_donors(dht, std::move(prefix)) ||
-                      timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-        if (listed.index() == 1) {
-            result.first = errc::timeout;
-            co_return result;
-        }
-        auto& [list_error, found] = std::get<0>(listed);
-        if (list_error) {
-            result.first = list_error;
-            co_return result;
-        }
-        donors = std::move(found);
+    using timer_type = typename Transport::timer_type;
+    auto [list_error, donors] =
+        co_await net::within<timer_type>(list_donors(dht, std::move(prefix)), options.timeout);
+    if (list_error) {
+        result.first = list_error;
+        co_return result;
     }
     for (const auto& donor : donors) {
         const duration remaining = deadline - net::transport_now<Transport>(executor);
@@ -199,8 +169,8 @@ load_state(net::node<Transport>& rpc, dht::node<Transport>& dht, std::string pre
                                                    *Transport::to_endpoint(donor.address)};
         const duration limit = std::min(options.donor_timeout, remaining);
         downloaded_state attempt;
-        const std::error_code ec =
-            co_await download_within(rpc, std::move(target), method, limit, options, attempt);
+        const std::error_code ec = co_await net::within<timer_type>(
+            download_from(rpc, std::move(target), method, limit, options, attempt), limit);
         const asio::cancellation_state cancellation = co_await asio::this_coro::cancellation_state;
         if (cancellation.cancelled() != asio::cancellation_type::none) {
             result.first = errc::cancelled;

@@ -54,6 +54,20 @@ using default_token_t = asio::experimental::as_tuple_t<asio::use_awaitable_t<>>;
 HIVEMESH_DECL std::error_code escaped_exception_code(const std::exception_ptr& failure,
                                                      const char* operation);
 
+/// The result of an operation that failed with `ec`: `ec` itself for a Result of
+/// std::error_code; for a pair or tuple whose first member is the error code, `ec` and
+/// value-initialised values.
+template <class Result>
+Result failed_result(std::error_code ec) {
+    if constexpr (std::is_same_v<Result, std::error_code>)
+        return ec;
+    else {
+        Result out{};
+        std::get<0>(out) = ec;
+        return out;
+    }
+}
+
 namespace detail {
 
 /// Calls `handler` with the operation's result: an error_code alone, or the members of a
@@ -65,19 +79,6 @@ void complete_with(Handler& handler, Result&& result) {
     else
         std::apply([&](auto&&... values) { std::move(handler)(std::move(values)...); },
                    std::forward<Result>(result));
-}
-
-/// The result an operation that failed before it returned completes with: `ec` and
-/// value-initialised values.
-template <class Result>
-Result failed_result(std::error_code ec) {
-    if constexpr (std::is_same_v<Result, std::error_code>)
-        return ec;
-    else {
-        Result out{};
-        std::get<0>(out) = ec;
-        return out;
-    }
 }
 
 /// Completes `handler` with what the coroutine gave: its result, or under the policy above

@@ -22,6 +22,7 @@
 #include <asio/async_result.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/this_coro.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -279,6 +280,29 @@ inline std::uint32_t to_timeout_ms(duration d) {
 
 } // namespace detail
 
+/// `operation`'s result, or errc::timeout once `deadline` (armed by the caller, who may cancel
+/// it to give up early: errc::cancelled) expires first; the operation is cancelled then.
+/// Result: std::error_code, or a pair or tuple whose first member is one (failed_result).
+template <class Timer, class Result>
+asio::awaitable<Result> within(asio::awaitable<Result> operation, Timer& deadline) {
+    using namespace asio::experimental::awaitable_operators;
+    auto outcome =
+        co_await (std::move(operation) ||
+                  deadline.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+    if (outcome.index() == 0) co_return std::move(std::get<0>(outcome));
+    const auto [waited] = std::get<1>(outcome);
+    co_return failed_result<Result>(waited ? errc::cancelled : errc::timeout);
+}
+
+/// within() a deadline `limit` from now, on a `Timer` (the transport's timer type, so that
+/// simulated time counts) of the awaiting coroutine's executor.
+template <class Timer, class Result>
+asio::awaitable<Result> within(asio::awaitable<Result> operation, duration limit) {
+    Timer deadline(co_await asio::this_coro::executor);
+    deadline.expires_after(limit);
+    co_return co_await within(std::move(operation), deadline);
+}
+
 /// An RPC node over `Transport` (net::tcp::transport or net::sim::transport).
 template <transport Transport>
 class node {
@@ -338,6 +362,15 @@ public:
     /// async_call() for the connection.
     asio::awaitable<std::error_code> open_call(peer target, std::string method, duration timeout,
                                                call_stream& out);
+
+    /// open_call() that gives up with errc::timeout once `limit` has passed (a dead peer then
+    /// costs `limit`, not node_options::dial_timeout); the call, once open, keeps `timeout`.
+    asio::awaitable<std::error_code> open_call_within(peer target, std::string method,
+                                                      duration timeout, duration limit,
+                                                      call_stream& out) {
+        return within<timer_type>(open_call(std::move(target), std::move(method), timeout, out),
+                                  limit);
+    }
 
     /// Opens a connection to `target` now (calls do it on demand).
     asio::awaitable<std::error_code> connect(peer target);

@@ -17,14 +17,14 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_to(std::shared_p
         timer_type limit(r.io);
         limit.expires_after(r.timeout);
         abort_guard guard(r, [&limit] { limit.cancel(); });
-        auto opened =
-            co_await (r.st->rpc->open_call(r.group.members[k].peer, r.st->options.method, r.timeout,
-                                           stream) ||
-                      limit.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-        if (opened.index() != 0 || std::get<0>(opened) || r.aborted) {
+        auto opening =
+            r.st->rpc->open_call(r.group.members[k].peer, r.st->options.method, r.timeout, stream);
+        const auto opened = co_await net::within(std::move(opening), limit);
+        if (opened || r.aborted) {
             slot.active = false;
-            // k's address did not answer, or someone else did.
-            if (opened.index() == 0 && std::get<0>(opened)) r.member_departed(k);
+            // k's address did not answer, or someone else did (member_departed leaves an
+            // aborted round alone).
+            if (opened) r.member_departed(k);
             co_return;
         }
     }

@@ -52,16 +52,10 @@ template <transport Transport>
 asio::awaitable<call_result> node<Transport>::unary_call(state_ptr st, peer target,
                                                          std::string method, byte_buffer request,
                                                          duration timeout) {
-    using namespace asio::experimental::awaitable_operators;
     if (!is_valid_method(method)) co_return call_result{errc::invalid_argument, {}};
-    timer_type timer(st->executor);
-    timer.expires_after(timeout);
-    auto result = co_await (
-        unary_exchange(st, std::move(target), std::move(method), std::move(request), timeout) ||
-        timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-    if (result.index() == 0) co_return std::move(std::get<0>(result));
-    const auto [timer_error] = std::get<1>(result);
-    co_return call_result{timer_error ? errc::cancelled : errc::timeout, {}};
+    co_return co_await within<timer_type>(
+        unary_exchange(st, std::move(target), std::move(method), std::move(request), timeout),
+        timeout);
 }
 
 template <transport Transport>
