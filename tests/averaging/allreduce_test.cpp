@@ -60,15 +60,19 @@ struct allreduce_group : swarm<World> {
     /// Peers with these roles, `size` random values each in [1, 2), weights in [1, 5).
     /// With `post_compute`, compression and reduction are posted to the world's own
     /// executor (as to a thread pool, other handlers run in between) instead of `compute`.
+    /// `node_options[i]`, if given, are peer i's RPC node options.
     allreduce_group(const std::vector<member_role>& roles, std::size_t size,
                     averaging::allreduce_options options = small_parts(), std::uint64_t seed = 1,
                     std::optional<asio::any_io_executor> compute = std::nullopt,
-                    bool post_compute = false) {
+                    bool post_compute = false,
+                    const std::vector<net::node_options>& node_options = {}) {
         if (post_compute) compute = this->world.io.get_executor();
         random_generator rng(seed);
         for (std::size_t i = 0; i < 32; ++i)
             group.id[i] = static_cast<std::byte>(rng() & 0xFF);
+        const net::node_options swarm_default = this->rpc_options;
         for (std::size_t i = 0; i < roles.size(); ++i) {
+            this->rpc_options = i < node_options.size() ? node_options[i] : swarm_default;
             auto& m = this->add_rpc(identity_of(static_cast<std::uint8_t>(i + 1)));
             if (roles[i] != member_role::client) this->listen(m);
             auto& p = peers.emplace_back();
@@ -753,6 +757,44 @@ TEST_CASE("allreduce: a member whose process is gone (dials refused, its connect
             CHECK(result.fraction_averaged() == 0.75);
             if (!mid_round) CHECK(result.participants == all_but(4, {victim}));
         }
+    }
+}
+
+TEST_CASE("allreduce: a round that ends while its values are being written from where they are "
+          "closes that connection, so nothing reads them after it, and the next round redials",
+          "[allreduce][faults]") {
+    // Plaintext writes go out straight from the values; the client's upload cap keeps one
+    // under way for seconds, and the round's deadline comes first.
+    std::vector<net::node_options> nodes(2);
+    for (auto& o : nodes)
+        o.security.plaintext = true;
+    nodes[0].max_upload_rate = 100e3;
+    auto options = allreduce_group<sim_world>::small_parts();
+    options.part_size_bytes = 64 << 10;
+    allreduce_group<sim_world> g({member_role::client, member_role::node}, 100'000, options, 1,
+                                 std::nullopt, false, nodes);
+    g.started_at = g.world.now();
+    g.start(0, 500ms);
+    g.start(1, 60s);
+    REQUIRE(g.world.run_until([&] { return g.peers[0].outcome.has_value(); }, 60s));
+    CHECK(g.peers[0].outcome->second.fraction_averaged() < 1);
+    CHECK(g.members[0].rpc->statistics().open_connections == 0);
+    // The round is over: its values may go (ASan would see a later read of them).
+    g.peers[0].values = {};
+    g.peers[0].values.shrink_to_fit();
+    g.wait();
+
+    for (auto& p : g.peers) {
+        p.values = p.initial;
+        p.outcome.reset();
+    }
+    g.group.id[0] ^= std::byte{1}; // a new round
+    g.run(60s);
+    for (std::size_t i = 0; i < 2; ++i) {
+        INFO("peer " << i);
+        CHECK_FALSE(g.peers[i].outcome->first);
+        CHECK(g.peers[i].outcome->second.fraction_averaged() == 1);
+        g.check_consistent(i);
     }
 }
 

@@ -6,14 +6,16 @@
 
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <algorithm>
-
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <vector>
 
 namespace hivemesh::test {
 
@@ -43,15 +45,40 @@ public:
     asio::awaitable<std::error_code> write(std::span<const byte_view> heads,
                                            std::span<const byte_view> bodies) override {
         if (state_->closed) co_return make_error_code(errc::connection_closed);
-        for (std::size_t i = 0; i < bodies.size(); ++i) {
-            byte_buffer record(heads[i].begin(), heads[i].end());
-            record.insert(record.end(), bodies[i].begin(), bodies[i].end());
+        std::vector<byte_buffer> records;
+        const auto copy = [&] {
+            for (std::size_t i = 0; i < bodies.size(); ++i) {
+                byte_buffer record(heads[i].begin(), heads[i].end());
+                record.insert(record.end(), bodies[i].begin(), bodies[i].end());
+                records.push_back(std::move(record));
+            }
+        };
+        if (!gather_writes) copy();
+        if (holding) {
+            ++writes_held;
+            const auto executor = co_await asio::this_coro::executor;
+            while (holding && !state_->closed) {
+                asio::steady_timer pause(executor, std::chrono::microseconds(100));
+                co_await pause.async_wait(asio::use_awaitable);
+            }
+            if (state_->closed) co_return make_error_code(errc::connection_closed);
+        }
+        if (gather_writes) copy();
+        for (auto& record : records) {
             state_->bytes_written[side_] += record.size();
             state_->queues[1 - side_].push_back(std::move(record));
         }
         state_->wake[1 - side_].notify();
         co_return std::error_code{};
     }
+
+    /// Writes wait while `holding` is set (as a socket write waits for room), reading the
+    /// bodies only once it is cleared when `gather_writes` is set (as a gather write
+    /// straight from them does), else before they wait (as sealing into a buffer does).
+    bool holding = false;
+    bool gather_writes = false;
+    std::size_t writes_held = 0; ///< writes that had to wait
+    bool reads_bodies_while_pending() const noexcept override { return gather_writes; }
 
     asio::awaitable<std::error_code> read(byte_view& record) override {
         auto& queue = state_->queues[side_];

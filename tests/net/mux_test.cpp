@@ -263,7 +263,8 @@ TEST_CASE("the storage of a read message lands a later one, on any stream, up to
     CHECK(stats.landings_reused >= before_sizes + count);
 }
 
-TEST_CASE("prefixed and shared messages arrive whole, across frames, on every stream",
+TEST_CASE("messages with a lead and an owned, shared or borrowed body arrive whole, across "
+          "frames, on every stream",
           "[net][mux]") {
     const bool placing = GENERATE(false, true);
     CAPTURE(placing);
@@ -271,28 +272,35 @@ TEST_CASE("prefixed and shared messages arrive whole, across frames, on every st
     options.frame_payload = 1000; // every message but the empty ones spans several frames
     mux_pair pair(options, options, placing);
     const auto shared = std::make_shared<const byte_buffer>(random_bytes(4321, 7));
-    const auto joined = [](std::optional<std::byte> prefix, byte_view body) {
-        byte_buffer out;
-        if (prefix) out.push_back(*prefix);
+    const byte_buffer borrowed = random_bytes(3000, 5);
+    const byte_buffer long_lead = random_bytes(net::mux_message::max_lead, 6);
+    const auto joined = [](byte_view lead, byte_view body) {
+        byte_buffer out(lead.begin(), lead.end());
         out.insert(out.end(), body.begin(), body.end());
         return out;
     };
-    // Per stream: a prefixed owned body, the shared body bare and prefixed, a prefix alone.
-    const std::vector<byte_buffer> expected{joined(std::byte{7}, random_bytes(2500, 3)), *shared,
-                                            joined(std::byte{9}, *shared),
-                                            joined(std::byte{1}, {})};
+    const std::byte seven{7}, nine{9}, one{1};
+    // Per stream: an owned body with a lead, the shared body bare and with a lead, the
+    // borrowed body with the longest lead, a lead alone.
+    const std::vector<byte_buffer> expected{joined(byte_view(&seven, 1), random_bytes(2500, 3)),
+                                            *shared, joined(byte_view(&nine, 1), *shared),
+                                            joined(long_lead, borrowed),
+                                            joined(byte_view(&one, 1), {})};
     auto sender = [&]() -> asio::awaitable<void> {
         mux_stream s;
         co_await require_ok(pair.a->open(s));
-        std::vector<net::mux_message> messages(4);
-        messages[0].prefix = std::byte{7};
+        std::vector<net::mux_message> messages(5);
+        messages[0].add_lead(byte_view(&seven, 1));
         messages[0].body = random_bytes(2500, 3);
         messages[1].shared_body = shared;
-        messages[2].prefix = std::byte{9};
+        messages[2].add_lead(byte_view(&nine, 1));
         messages[2].shared_body = shared;
-        messages[3].prefix = std::byte{1};
+        messages[3].add_lead(byte_view(long_lead).first(10));
+        messages[3].add_lead(byte_view(long_lead).subspan(10));
+        messages[3].borrowed_body = borrowed;
+        messages[4].add_lead(byte_view(&one, 1));
         for (std::size_t i = 0; i < messages.size(); ++i)
-            co_await require_ok(s.send(std::move(messages[i]), i == 3));
+            co_await require_ok(s.send(std::move(messages[i]), i == 4));
     };
     auto first = spawn(pair.io, sender());
     auto second = spawn(pair.io, sender());
@@ -312,6 +320,52 @@ TEST_CASE("prefixed and shared messages arrive whole, across frames, on every st
     CHECK(received[1] == expected);
     CHECK(*shared == random_bytes(4321, 7));
     if (placing) CHECK(pair.channel_b->placements > 0);
+    net::mux_message full;
+    full.add_lead(long_lead);
+    CHECK_THROWS_AS(full.add_lead(byte_view(&one, 1)), std::length_error);
+    CHECK(full.lead().size() == net::mux_message::max_lead);
+}
+
+TEST_CASE("a borrowed body is read no more once its send ended, though a write is under way",
+          "[net][mux]") {
+    const bool gather = GENERATE(false, true); // the channel reads bodies while it waits
+    CAPTURE(gather);
+    mux_pair pair;
+    pair.channel_a->gather_writes = gather;
+    auto body = std::make_unique<byte_buffer>(random_bytes(5000, 4));
+    mux_stream stream;
+    bool opened = false;
+    std::error_code sent;
+    auto sender = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        co_await require_ok(pair.a->open(stream));
+        co_await require_ok(stream.send(random_bytes(10, 9)));
+        opened = true;
+        co_await poll_until(pair.io, [&] { return pair.channel_a->holding; });
+        net::mux_message message;
+        message.borrowed_body = *body;
+        sent = co_await stream.send(std::move(message));
+    });
+    pair.run([&] { return opened; });
+    pair.channel_a->holding = true;
+    pair.run([&] { return pair.channel_a->writes_held > 0; });
+    stream.reset(errc::cancelled);
+    pair.run(sender);
+    CHECK(sent == errc::cancelled);
+    body.reset(); // a read of it from now on is a use after free (ASan)
+    pair.channel_a->holding = false;
+    // Only a write that still reads the body had to end with the connection.
+    CHECK(pair.a->is_open() == !gather);
+    if (gather) return;
+    byte_buffer got;
+    auto again = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        mux_stream next;
+        co_await require_ok(pair.a->open(next));
+        co_await require_ok(next.send(random_bytes(100, 8)));
+        co_await poll_until(pair.io, [&] { return pair.incoming_b.size() == 2; });
+        co_await require_ok(pair.incoming_b[1].receive(got));
+    });
+    pair.run(again);
+    CHECK(got == random_bytes(100, 8));
 }
 
 TEST_CASE("a stream that ends while a frame is being placed into it drops only that frame",

@@ -80,6 +80,18 @@ HIVEMESH_DECL std::error_code validate(kind k, std::span<const float> values,
 HIVEMESH_DECL std::error_code compress_into(kind k, std::span<const float> values, byte_buffer& out,
                                             const options& opts = {});
 
+/// Where `none`'s payload is the floats' own bytes (the format is little-endian), so that
+/// append_none_header() and the values, sent after it from where they are, make the bytes
+/// compress_into(kind::none) would.
+inline constexpr bool none_payload_is_native = std::endian::native == std::endian::little;
+
+/// Appends the header of `count` values compressed with `none` to `out`.
+inline void append_none_header(std::size_t count, byte_buffer& out,
+                               dtype original = dtype::float32) {
+    binary_writer writer(out);
+    detail::write_header(writer, {kind::none, original, count});
+}
+
 /// Compresses `values` with codec `k` into a new self-describing buffer.
 /// Throws std::system_error with errc::invalid_argument, unknown_codec or non_finite_input.
 HIVEMESH_DECL byte_buffer compress(kind k, std::span<const float> values, const options& opts = {});

@@ -32,11 +32,13 @@
 #include <asio/use_awaitable.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -66,16 +68,38 @@ struct mux_options {
     std::size_t max_batch_bytes = 1024u << 10;
 };
 
-/// A message for mux_stream::send, sent without copying: an optional one-byte prefix (the
-/// RPC layer's reply tag) followed by a body that is either owned or shared with other
-/// sends (one buffer to many streams).
+/// A message for mux_stream::send, sent without copying its body: a short lead (the RPC
+/// layer's reply tag, a part's header), copied into the frame headers, followed by a body
+/// that is owned, shared with other sends (one buffer to many streams) or borrowed from
+/// the caller.
 struct mux_message {
-    std::optional<std::byte> prefix;
+    static constexpr std::size_t max_lead = 32;
+
     byte_buffer body;
     std::shared_ptr<const byte_buffer> shared_body; ///< sent instead of `body` when set
+    /// Sent instead of `body` when not empty (and shared_body is not set): memory the
+    /// caller keeps valid and unchanged until send() completes. Once send() completed,
+    /// however it ended, the connection reads it no more (see mux_stream::send).
+    byte_view borrowed_body;
 
-    byte_view body_view() const noexcept { return shared_body ? *shared_body : byte_view(body); }
-    std::size_t size() const noexcept { return (prefix ? 1 : 0) + body_view().size(); }
+    /// Appends `bytes` to the lead; throws std::length_error past max_lead bytes in all.
+    void add_lead(byte_view bytes) {
+        if (bytes.size() > max_lead - lead_size_)
+            throw std::length_error("hivemesh::net::mux_message: lead too long");
+        std::copy(bytes.begin(), bytes.end(), lead_.begin() + lead_size_);
+        lead_size_ += static_cast<std::uint8_t>(bytes.size());
+    }
+    byte_view lead() const noexcept { return byte_view(lead_).first(lead_size_); }
+    byte_view body_view() const noexcept {
+        if (shared_body) return *shared_body;
+        return borrowed_body.empty() ? byte_view(body) : borrowed_body;
+    }
+    bool borrowed() const noexcept { return !shared_body && !borrowed_body.empty(); }
+    std::size_t size() const noexcept { return lead_size_ + body_view().size(); }
+
+private:
+    std::array<std::byte, max_lead> lead_{};
+    std::uint8_t lead_size_ = 0;
 };
 
 /// Counters of one connection, for monitoring, tests and benchmarks.
@@ -111,8 +135,11 @@ public:
                                                                        std::size_t /*head_size*/,
                                                                        const placement& /*place*/,
                                                                        std::size_t& placed);
-    /// Closes at once; pending reads and writes fail.
+    /// Closes at once; pending reads and writes fail and read their views no more.
     virtual void close() noexcept = 0;
+    /// Whether write() may still read `bodies` after it first suspends (a gather write
+    /// straight from them), rather than only before (sealing them into its own buffer).
+    virtual bool reads_bodies_while_pending() const noexcept { return true; }
 };
 
 /// The protocol's initial window and stream count until the peer's settings arrive.
@@ -157,6 +184,7 @@ struct stream_state {
     std::uint64_t messages_written = 0;
     bool open_sent = false;
     bool local_ended = false;
+    bool borrowed_in_write = false; ///< a frame of a borrowed body is in the write under way
     bool in_ready_list = false;
 
     std::error_code failure;      ///< reset by either side, or the connection failed
@@ -192,6 +220,8 @@ public:
     /// been handed to the secure channel. Errors: message_too_large (over the peer's
     /// limit), connection_closed, the peer's reset code, invalid_argument after the end;
     /// cancellation of the awaiting coroutine resets the stream (errc::cancelled).
+    /// A borrowed body is read no more once this completes: should the stream fail while
+    /// a write that reads it is under way, the connection is closed.
     HIVEMESH_DECL asio::awaitable<std::error_code> send(byte_buffer message,
                                                         bool end_stream = false);
     /// The same for a prefixed or shared message (see mux_message).
@@ -408,7 +438,8 @@ private:
     mux_statistics stats_;
 
     hivemesh::fifo<byte_buffer> control_;
-    std::vector<mux_message> retired_; ///< messages out of their outbox, viewed by the write
+    std::vector<mux_message> retired_;  ///< messages out of their outbox, viewed by the write
+    std::vector<stream_ptr> borrowing_; ///< streams with borrowed_in_write set
     hivemesh::fifo<stream_ptr> ready_;
     hivemesh::fifo<std::shared_ptr<hivemesh::wakeup>> open_waiters_;
     hivemesh::fifo<std::shared_ptr<hivemesh::wakeup>> settings_waiters_;

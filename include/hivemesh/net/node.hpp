@@ -165,6 +165,16 @@ public:
         mux_message out = framed({}, std::move(message));
         co_return co_await stream_.send(std::move(out));
     }
+    /// Sends `head` (copied; at most mux_message::max_lead - 1 bytes) followed by `body`,
+    /// which is not copied: it must stay valid and unchanged until the write completes,
+    /// and is read no more after that, however the write ended (mux_stream::send).
+    /// Errors as mux_stream::send.
+    asio::awaitable<std::error_code> write_borrowed(byte_view head, byte_view body) {
+        mux_message out = framed({}, nullptr);
+        out.add_lead(head);
+        out.borrowed_body = body;
+        co_return co_await stream_.send(std::move(out));
+    }
 
     /// Caller only: no more messages from this side.
     asio::awaitable<std::error_code> close_write() { co_return co_await stream_.end(); }
@@ -224,8 +234,11 @@ public:
 private:
     /// The callee's messages carry the reply tag in front.
     mux_message framed(byte_buffer body, std::shared_ptr<const byte_buffer> shared) const {
-        mux_message message{std::nullopt, std::move(body), std::move(shared)};
-        if (!caller_) message.prefix = static_cast<std::byte>(reply_tag::data);
+        mux_message message;
+        message.body = std::move(body);
+        message.shared_body = std::move(shared);
+        const auto tag = static_cast<std::byte>(reply_tag::data);
+        if (!caller_) message.add_lead(byte_view(&tag, 1));
         return message;
     }
 
@@ -249,6 +262,9 @@ public:
     }
     asio::awaitable<std::error_code> read(byte_view& record) override {
         co_return co_await stream_.read(record);
+    }
+    bool reads_bodies_while_pending() const noexcept override {
+        return stream_.cipher() == crypto::cipher::plaintext; // established: cannot throw
     }
     asio::awaitable<std::error_code> read_placed(byte_view& record, std::size_t head_size,
                                                  const placement& place,

@@ -36,6 +36,11 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
         bool busy = false;
         time_point last_progress{};
         net::call_stream* stream = nullptr;
+        /// Our parts whose write completed, and whether send_parts ended: a part is sent
+        /// from our values where they are, so its average waits until it is out.
+        std::size_t parts_written = 0;
+        bool sending_ended = false;
+        std::unique_ptr<wakeup> part_written;
     };
 
     round(state_ptr s, group_type g, std::size_t m, std::vector<std::size_t> sizes,
@@ -379,6 +384,7 @@ void allreduce_service<Transport>::round::layout() {
         auto& slot = reducers[k];
         slot.active = sends_values(role()) && k != me && spans[k].size > 0;
         slot.last_progress = start;
+        slot.part_written = std::make_unique<wakeup>(io);
         if (!sends_values(role()) && k != me) continue; // aux: only its own span
         for (std::size_t p = 0; p < parts_of(k); ++p) {
             const auto range = part_range(k, p);

@@ -61,9 +61,23 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
     auto& r = *self;
     auto& slot = r.reducers[k];
     const std::size_t parts = r.parts_of(k);
+    // take_results may apply averages into our values once no write reads them.
+    struct on_exit {
+        reducer_slot& slot;
+        ~on_exit() {
+            slot.sending_ended = true;
+            slot.part_written->notify();
+        }
+    } ended{slot};
     // A pipeline: part p + 1 is compressed while part p is being written, into the
     // buffer of part p - 1 once the stream has let go of it (always an empty one).
+    // Uncompressed, only its head is and the values go out from where they are: their
+    // check then runs here, so the write finds them in this core's cache.
+    const bool borrowing = r.codec_to(k) == compression::kind::none &&
+                           compression::none_payload_is_native && !r.hooks().rewrite_sent;
+    const auto packer = borrowing ? std::nullopt : r.st->compute;
     auto next = std::make_shared<byte_buffer>();
+    std::span<const float> next_borrowed;
     std::shared_ptr<byte_buffer> spare;
     std::size_t next_part = 0;
     std::error_code packed;
@@ -84,9 +98,16 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
             values = hostile;
         }
         encode_part_head(*next, static_cast<std::uint32_t>(next_part));
-        packed = compression::compress_into(codec, values, *next, r.st->options.codec_options);
+        const auto& codec_options = r.st->options.codec_options;
+        if (borrowing) {
+            compression::append_none_header(values.size(), *next, codec_options.original);
+            next_borrowed = values;
+            packed = {};
+            return;
+        }
+        packed = compression::compress_into(codec, values, *next, codec_options);
     };
-    if (parts > 0) co_await offload(r.st->compute, pack);
+    if (parts > 0) co_await offload(packer, pack);
     for (std::size_t p = 0; p < parts; ++p) {
         if (r.hooks().before_send) co_await r.sleep(r.hooks().before_send(k, p));
         if (packed == errc::non_finite_input) r.abort(errc::invalid_argument);
@@ -95,22 +116,26 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
             co_return;
         }
         std::shared_ptr<byte_buffer> message = std::move(next);
+        const byte_view borrowed = std::as_bytes(std::exchange(next_borrowed, {}));
         next = detail::take_if_unshared(spare);
-        r.result.bytes_sent += message->size();
+        r.result.bytes_sent += message->size() + borrowed.size();
         r.result.values_sent += r.part_range(k, p).size;
         slot.last_progress = r.now();
+        // Named: no temporaries inside co_await (see CONTRIBUTING.md).
+        auto writing =
+            borrowed.empty() ? stream.write(message) : stream.write_borrowed(*message, borrowed);
         std::error_code written;
         if (p + 1 < parts) {
             next_part = p + 1;
-            // Named: no temporaries inside co_await (see CONTRIBUTING.md).
-            auto writing = stream.write(message);
-            auto packing = offload(r.st->compute, pack);
+            auto packing = offload(packer, pack);
             written = co_await (std::move(writing) && std::move(packing));
         } else {
-            written = co_await stream.write(message);
+            written = co_await std::move(writing);
         }
         spare = std::move(message);
         if (written) co_return;
+        slot.parts_written = p + 1;
+        slot.part_written->notify();
         slot.last_progress = r.now();
     }
     co_await stream.close_write();
@@ -141,6 +166,13 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_results(std::sha
             part.part != p || !r.valid_result(part)) {
             why = errc::protocol_violation;
             stream.cancel(errc::protocol_violation);
+            break;
+        }
+        std::error_code waited;
+        while (!waited && slot.parts_written <= p && !slot.sending_ended)
+            waited = co_await slot.part_written->wait();
+        if (waited) {
+            why = waited;
             break;
         }
         const auto range = r.part_range(k, p);

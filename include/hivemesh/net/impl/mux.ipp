@@ -45,7 +45,8 @@ HIVEMESH_DECL const crypto::peer_id& mux_stream::remote() const noexcept {
 
 HIVEMESH_DECL asio::awaitable<std::error_code> mux_stream::send(byte_buffer message,
                                                                 bool end_stream) {
-    mux_message whole{std::nullopt, std::move(message), nullptr}; // named: see CONTRIBUTING.md
+    mux_message whole; // named: see CONTRIBUTING.md
+    whole.body = std::move(message);
     co_return co_await send(std::move(whole), end_stream);
 }
 
@@ -213,6 +214,9 @@ HIVEMESH_DECL asio::awaitable<void> mux_connection::write_loop() {
         head_views.assign(heads.begin(), heads.end());
         const std::error_code ec = co_await channel_->write(head_views, bodies);
         retired_.clear(); // the write no longer views them
+        for (const auto& s : borrowing_)
+            s->borrowed_in_write = false;
+        borrowing_.clear();
         if (ec) {
             fail(ec);
             break;
@@ -229,7 +233,7 @@ HIVEMESH_DECL std::size_t mux_connection::take_frame(const stream_ptr& s,
                                                      std::vector<byte_view>& bodies,
                                                      std::vector<stream_ptr>& completed) {
     auto& out = s->outbox.front();
-    const std::size_t lead = out.message.prefix ? 1 : 0;
+    const byte_view lead = out.message.lead();
     const std::size_t remaining = out.message.size() - out.offset;
     const std::size_t chunk = std::min<std::size_t>(
         {remaining, options_.frame_payload,
@@ -242,18 +246,24 @@ HIVEMESH_DECL std::size_t mux_connection::take_frame(const stream_ptr& s,
     s->open_sent = true;
 
     byte_buffer head;
-    head.reserve(detail::data_header_size + 1);
+    head.reserve(detail::data_header_size + lead.size());
     binary_writer w(head);
     write_data_header(w, s->id, flags);
-    // The frame carries bytes [offset, offset + chunk) of prefix + body: the prefix
-    // travels in the head.
+    // The frame carries bytes [offset, offset + chunk) of lead + body: the lead travels
+    // in the head.
+    const std::size_t end = out.offset + chunk;
     std::size_t from = out.offset;
-    if (from < lead && chunk > 0) {
-        head.push_back(*out.message.prefix);
-        ++from;
+    if (from < lead.size()) {
+        const byte_view part = lead.subspan(from, std::min(end, lead.size()) - from);
+        head.insert(head.end(), part.begin(), part.end());
+        from += part.size();
     }
     heads.push_back(std::move(head));
-    bodies.push_back(out.message.body_view().subspan(from - lead, out.offset + chunk - from));
+    bodies.push_back(out.message.body_view().subspan(from - lead.size(), end - from));
+    if (out.message.borrowed() && end > from && !s->borrowed_in_write) {
+        s->borrowed_in_write = true;
+        borrowing_.push_back(s);
+    }
     out.offset += chunk;
     s->send_window -= static_cast<std::int64_t>(chunk);
     stats_.payload_sent += chunk;
@@ -583,6 +593,9 @@ HIVEMESH_DECL void mux_connection::finish(const stream_ptr& s, std::error_code f
         wake_all(idle_waiters_);
         if (goaway_received_) close_soon();
     }
+    // The failed send returns now, so its borrowed body must not be read any more.
+    if (s->failure && s->borrowed_in_write && channel_->reads_bodies_while_pending())
+        fail(errc::connection_closed);
 }
 
 HIVEMESH_DECL void mux_connection::go_away() {

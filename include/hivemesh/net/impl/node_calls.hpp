@@ -112,13 +112,8 @@ template <transport Transport>
 asio::awaitable<void> node<Transport>::serve_call(state_ptr st, mux_stream stream) {
     using namespace asio::experimental::awaitable_operators;
     byte_buffer first;
-    {
-        timer_type timer(st->executor);
-        timer.expires_after(st->options.header_timeout);
-        auto got = co_await (stream.receive(first) ||
-                             timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-        if (got.index() != 0 || std::get<0>(got)) co_return; // dropping the stream resets it
-    }
+    if (co_await within<timer_type>(stream.receive(first), st->options.header_timeout))
+        co_return; // dropping the stream resets it
     call_header header;
     if (decode_call_header(first, header)) {
         stream.reset(errc::protocol_violation);
