@@ -224,7 +224,7 @@ public:
     /// a write that reads it is under way, the connection is closed.
     HIVEMESH_DECL asio::awaitable<std::error_code> send(byte_buffer message,
                                                         bool end_stream = false);
-    /// The same for a prefixed or shared message (see mux_message).
+    /// The same for a message with a lead, or a shared or borrowed body (see mux_message).
     HIVEMESH_DECL asio::awaitable<std::error_code> send(mux_message message,
                                                         bool end_stream = false);
 
