@@ -154,10 +154,8 @@ asio::awaitable<void> node<Transport>::serve_call(state_ptr st, mux_stream strea
     }
     const stream_handler handler = it->second;
     call_stream call(std::move(stream), false);
-    auto outcome = co_await (guarded(header.method, handler(context, call)) ||
-                             timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
     const std::error_code status =
-        outcome.index() == 0 ? std::get<0>(outcome) : make_error_code(errc::timeout);
+        co_await within(guarded(header.method, handler(context, call)), timer);
     byte_buffer last =
         status ? encode_status(status, status.message()) : encode_reply(reply_tag::reply, {});
     co_await call.stream().send(std::move(last), true);
