@@ -246,6 +246,25 @@ TEST_CASE("matchmaking: a partial group forms at the leader's expiration when it
     }
 }
 
+TEST_CASE("matchmaking: a peer whose read came before an earlier-expiring peer declared reads "
+          "again in time, though its window is no longer than poll_interval",
+          "[matchmaking]") {
+    // Peer 0 looks first, with the later expiration: it must ask peer 1, whose declaration
+    // lands only after peer 0's first read (as when two stores race, or windows differ).
+    matchmaking_swarm s(2, options_of(2, 2));
+    REQUIRE(s.makers[0]->options().poll_interval == 1s);
+    const auto start = s.dht.world.now();
+    auto late = request_of(0);
+    late.window = 1s;
+    s.start(0, late);
+    s.dht.world.network.time().run_for(200ms);
+    auto early = request_of(1);
+    early.window = 700ms;
+    s.start(1, early);
+    s.wait_for_groups(1, 2);
+    CHECK(s.dht.world.now() - start < 1s);
+}
+
 TEST_CASE("matchmaking: peers with different schema hashes or keys never group", "[matchmaking]") {
     matchmaking_swarm s(12, options_of(2, 4));
     for (std::size_t i = 0; i < 12; ++i) {

@@ -15,12 +15,13 @@
 // and the ordered members (leader first, then followers in the order they joined) with what
 // each told about itself (role, bandwidth, user bytes). Refusals carry a reason (join_status);
 // a peer that follows someone refuses with `not_a_leader` and names its leader. A peer
-// with followers keeps looking for earlier leaders (every poll_interval): peers that start
-// together see each other's declarations only partly and first gather in small groups, and
-// these merge into full ones this way. When an earlier leader accepts it, it dismisses its
-// followers with a disband notice naming that leader, which they ask next. A peer's
-// incoming join requests wait while its own request to another leader is under way, so it
-// never leads and follows at once.
+// reads the key every poll_interval (at most a quarter of its window, so that a declaration
+// that lands just after a read is seen in time), and one with followers keeps looking for
+// earlier leaders: peers that start together see each other's declarations only partly and
+// first gather in small groups, and these merge into full ones this way. When an earlier leader
+// accepts it, it dismisses its followers with a disband notice naming that leader, which they ask
+// next. A peer's incoming join requests wait while its own request to another leader is under way,
+// so it never leads and follows at once.
 #pragma once
 
 #include "hivemesh/averaging/group.hpp"
@@ -61,7 +62,8 @@ struct matchmaking_options {
     duration join_timeout = 5s;
     /// How long a follower waits for its group past its leader's expiration.
     duration group_slack = 5s;
-    /// Between DHT reads while looking.
+    /// Between DHT reads while looking; at most a quarter of the search's window, so that
+    /// a peer that declares just after one of our reads is still seen in time.
     duration poll_interval = 1s;
     /// Join requests served at once, from their arrival until answered. Accepted followers
     /// waiting for their group no longer count: there are at most target_group_size - 1 of
@@ -352,14 +354,16 @@ private:
         st->current = a;
         ++st->searches;
         a->expiration = st->now() + r.window;
+        // See poll_interval: at least four reads a window.
+        const duration read_interval = std::min<duration>(st->options.poll_interval, r.window / 4);
         if (!client) co_await declare(st, *a);
 
         std::optional<group_type> found;
         while (!a->formed && !a->stopped && st->now() < a->expiration) {
             // A peer alone reads the key whenever it wakes; one with followers wakes for
-            // each new follower too, and reads only every poll_interval.
+            // each new follower too, and reads only every read_interval.
             if (a->followers.empty() || st->now() >= a->next_fetch) {
-                a->next_fetch = st->now() + st->options.poll_interval;
+                a->next_fetch = st->now() + read_interval;
                 auto candidates = co_await fetch(st, *a);
                 std::deque<candidate> queue(candidates.begin(), candidates.end());
                 std::set<crypto::peer_id> asked;
@@ -381,7 +385,7 @@ private:
             // Wait for followers or the next poll, never past our expiration.
             const auto left = a->expiration - st->now();
             if (left <= duration::zero()) break;
-            a->idle.expires_after(std::min(left, st->options.poll_interval));
+            a->idle.expires_after(std::min(left, read_interval));
             using namespace asio::experimental::awaitable_operators;
             co_await (a->progress.wait() ||
                       a->idle.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
