@@ -235,8 +235,10 @@ HIVEMESH_DECL std::size_t mux_connection::take_frame(const stream_ptr& s,
     auto& out = s->outbox.front();
     const byte_view lead = out.message.lead();
     const std::size_t remaining = out.message.size() - out.offset;
+    // No larger than a batch: under an upload cap batches shrink to a burst, and a frame is
+    // written whole (the receiver accepts up to frame_payload, so smaller is always fine).
     const std::size_t chunk = std::min<std::size_t>(
-        {remaining, options_.frame_payload,
+        {remaining, options_.frame_payload, options_.max_batch_bytes,
          static_cast<std::size_t>(std::max<std::int64_t>(s->send_window, 0))});
     const bool last = chunk == remaining;
     std::uint8_t flags = 0;
