@@ -137,6 +137,10 @@ public:
                                                                        std::size_t /*head_size*/,
                                                                        const placement& /*place*/,
                                                                        std::size_t& placed);
+    /// Waits until the next record begins to arrive, holding what memory the channel can
+    /// spare meanwhile: an idle connection's reader waits here rather than in read(). Ends
+    /// the previous record's view. The default returns at once.
+    virtual asio::awaitable<std::error_code> wait() { co_return std::error_code{}; }
     /// Closes at once; pending reads and writes fail and read their views no more.
     virtual void close() noexcept = 0;
     /// Whether write() may still read `bodies` after it first suspends (a gather write
@@ -330,6 +334,9 @@ private:
 
     HIVEMESH_DECL void make_ready(const stream_ptr& s);
 
+    /// Starts the write loop unless it runs. It runs while frames are queued and ends
+    /// when none are, so that an idle connection holds no writer's coroutine frames.
+    HIVEMESH_DECL void wake_writer();
     HIVEMESH_DECL asio::awaitable<void> write_loop();
 
     /// Cuts the next data frame from `s`: its header into `heads`, a view of the message
@@ -446,7 +453,7 @@ private:
     hivemesh::fifo<std::shared_ptr<hivemesh::wakeup>> open_waiters_;
     hivemesh::fifo<std::shared_ptr<hivemesh::wakeup>> settings_waiters_;
     hivemesh::fifo<std::shared_ptr<hivemesh::wakeup>> idle_waiters_;
-    hivemesh::wakeup writer_wake_;
+    bool writing_ = false; ///< the write loop runs
 
     bool closed_ = false;
     bool goaway_sent_ = false;

@@ -263,6 +263,7 @@ public:
     asio::awaitable<std::error_code> read(byte_view& record) override {
         co_return co_await stream_.read(record);
     }
+    asio::awaitable<std::error_code> wait() override { return stream_.wait(); } // no frame
     bool reads_bodies_while_pending() const noexcept override {
         return stream_.cipher() == crypto::cipher::plaintext; // established: cannot throw
     }

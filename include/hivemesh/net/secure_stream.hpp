@@ -58,10 +58,15 @@ public:
     using next_layer_type = Stream;
     using executor_type = typename Stream::executor_type;
 
-    /// Reads happen in chunks of at least this size, so small records share a syscall. Kept
-    /// small: every open connection holds its buffer while its next read waits, and a DHT
-    /// node keeps dozens of mostly idle connections.
+    /// Reads happen in chunks of at least this size, so small records share a syscall.
     static constexpr std::size_t read_chunk_size = 2 * 1024;
+    /// A connection with nothing to read waits holding no buffer: its first bytes land in a
+    /// small array inside the stream (a message that fits takes one read), and the buffer is
+    /// allocated when they arrive. A DHT node keeps dozens of mostly idle connections.
+    /// Buffers past released_buffer_size (a connection carrying large records) are kept,
+    /// since reallocating them for every record would cost more than they save.
+    static constexpr std::size_t idle_read_size = 256;
+    static constexpr std::size_t released_buffer_size = 16 * 1024;
     /// A connection carrying large records reads into a buffer of about four of them (up
     /// to this size), so one read takes in several and moving a partial record is rare.
     static constexpr std::size_t max_read_buffer_size = 1024 * 1024;
@@ -179,6 +184,20 @@ public:
         if (!ec) ec = co_await fill_record(record_size);
         if (ec) co_return fail_read(ec);
         co_return open_buffered(record_size, message);
+    }
+
+    /// Waits until bytes of the next message are here, holding no read buffer meanwhile
+    /// (unless it has grown past released_buffer_size); read() then takes the message. A
+    /// reader that is idle most of the time (a multiplexer) waits here, in one shallow
+    /// call, rather than inside read(). Ends the previous message's view. Errors as read().
+    asio::awaitable<std::error_code> wait() {
+        if (!usable()) co_return read_error_;
+        if (read_error_) co_return read_error_;
+        if (!release_if_idle()) co_return std::error_code{};
+        std::error_code ec;
+        take_idle(co_await read_idle(ec), 1);
+        if (ec == asio::error::eof) ec = errc::connection_truncated;
+        co_return ec ? fail_read(ec) : ec;
     }
 
     /// As read(), but the payload of a large plaintext record may bypass the read buffer:
@@ -363,15 +382,19 @@ private:
         co_return co_await send_buffers(bytes);
     }
 
-    /// Writes all of `buffers`; a failure sticks.
+    /// Writes all of `buffers`; a failure sticks. Then a small write buffer is released,
+    /// as the read buffer is when idle.
     template <class ConstBufferSequence>
     asio::awaitable<std::error_code> send_buffers(const ConstBufferSequence& buffers) {
         std::error_code ec;
         co_await asio::async_write(stream_, buffers, transfer_all_uncapped{},
                                    asio::redirect_error(asio::use_awaitable, ec));
         if (ec) write_error_ = ec;
+        if (write_buffer_.size() <= released_buffer_size) release(write_buffer_);
         co_return ec;
     }
+
+    static void release(byte_buffer& buffer) noexcept { byte_buffer().swap(buffer); }
 
     /// The size of the next record (header included), reading its header if need be.
     asio::awaitable<std::error_code> next_record_size(std::size_t& record_size) {
@@ -406,6 +429,12 @@ private:
     /// Makes at least `needed` unread bytes available, reading as much as the buffer holds.
     asio::awaitable<std::error_code> fill(std::size_t needed) {
         if (read_end_ - read_begin_ >= needed) co_return std::error_code{};
+        if (release_if_idle()) {
+            std::error_code ec;
+            take_idle(co_await read_idle(ec), needed);
+            if (ec) co_return ec;
+            if (read_end_ >= needed) co_return std::error_code{};
+        }
         if (read_buffer_.size() - read_begin_ < needed) {
             // No room behind the unread bytes: move them to the front, grow if still short.
             if (read_end_ > read_begin_)
@@ -427,6 +456,29 @@ private:
             if (ec) co_return ec;
         }
         co_return std::error_code{};
+    }
+
+    /// If nothing is buffered and the buffer is small enough to give back, releases it
+    /// (ending the previous message's view, as the next read() may) and returns true.
+    bool release_if_idle() noexcept {
+        if (read_end_ != read_begin_ || read_buffer_.size() > released_buffer_size) return false;
+        release(read_buffer_);
+        read_begin_ = read_end_ = 0;
+        return true;
+    }
+
+    /// A read into idle_bytes_ (an operation to co_await, not a coroutine: no frame).
+    auto read_idle(std::error_code& ec) {
+        return stream_.async_read_some(asio::buffer(idle_bytes_),
+                                       asio::redirect_error(asio::use_awaitable, ec));
+    }
+
+    /// The `n` bytes an idle read left in idle_bytes_ move into a new read buffer.
+    void take_idle(std::size_t n, std::size_t needed) {
+        if (n == 0) return;
+        read_buffer_.resize(std::max({needed, n, read_chunk_size}));
+        std::memcpy(read_buffer_.data(), idle_bytes_.data(), n);
+        read_end_ = n;
     }
 
     byte_view buffered() const noexcept {
@@ -461,6 +513,7 @@ private:
     Stream stream_;
     state state_ = state::fresh;
     std::optional<crypto::secure_session> session_;
+    std::array<std::byte, idle_read_size> idle_bytes_;
     byte_buffer read_buffer_;
     std::size_t read_begin_ = 0;
     std::size_t read_end_ = 0;

@@ -38,14 +38,12 @@ HIVEMESH_DECL record_cipher::record_cipher(cipher suite, const symmetric_key& ke
     if (suite_ != cipher::plaintext && suite_ != cipher::chacha20_poly1305 &&
         suite_ != cipher::aes256_gcm)
         throw std::invalid_argument("hivemesh::crypto: unknown cipher");
-    precompute();
 }
 
 HIVEMESH_DECL record_cipher::record_cipher(record_cipher&& other) noexcept
     : suite_(other.suite_)
     , key_(other.key_)
     , valid_(std::exchange(other.valid_, false)) {
-    precompute();
     other.wipe();
 }
 
@@ -54,7 +52,6 @@ HIVEMESH_DECL record_cipher& record_cipher::operator=(record_cipher&& other) noe
         suite_ = other.suite_;
         key_ = other.key_;
         valid_ = std::exchange(other.valid_, false);
-        precompute();
         other.wipe();
     }
     return *this;
@@ -65,8 +62,8 @@ HIVEMESH_DECL void record_cipher::seal(unsigned char* text, std::size_t size, un
                                        std::uint64_t counter) const noexcept {
     const auto nonce = make_nonce(counter);
     if (suite_ == cipher::aes256_gcm)
-        crypto_aead_aes256gcm_encrypt_detached_afternm(text, tag, nullptr, text, size, ad, ad_size,
-                                                       nullptr, nonce.data(), &aes_);
+        crypto_aead_aes256gcm_encrypt_detached(text, tag, nullptr, text, size, ad, ad_size, nullptr,
+                                               nonce.data(), key_.data());
     else
         crypto_aead_chacha20poly1305_ietf_encrypt_detached(
             text, tag, nullptr, text, size, ad, ad_size, nullptr, nonce.data(), key_.data());
@@ -77,8 +74,8 @@ HIVEMESH_DECL bool record_cipher::open(unsigned char* text, std::size_t size,
                                        std::size_t ad_size, std::uint64_t counter) const noexcept {
     const auto nonce = make_nonce(counter);
     if (suite_ == cipher::aes256_gcm)
-        return crypto_aead_aes256gcm_decrypt_detached_afternm(text, nullptr, text, size, tag, ad,
-                                                              ad_size, nonce.data(), &aes_) == 0;
+        return crypto_aead_aes256gcm_decrypt_detached(text, nullptr, text, size, tag, ad, ad_size,
+                                                      nonce.data(), key_.data()) == 0;
     return crypto_aead_chacha20poly1305_ietf_decrypt_detached(
                text, nullptr, text, size, tag, ad, ad_size, nonce.data(), key_.data()) == 0;
 }
@@ -89,7 +86,6 @@ HIVEMESH_DECL void record_cipher::rotate() noexcept {
     hash_label(state, label_key_update);
     crypto_generichash_final(&state, key_.data(), symmetric_key::size);
     sodium_memzero(&state, sizeof state);
-    precompute();
 }
 
 HIVEMESH_DECL std::array<unsigned char, record_nonce_size>

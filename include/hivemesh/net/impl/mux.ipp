@@ -8,6 +8,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/error.hpp>
+#include <asio/post.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -107,7 +108,6 @@ HIVEMESH_DECL mux_connection::mux_connection(asio::any_io_executor ex,
     , remote_(remote)
     , options_(options)
     , next_local_id_(we_dialed ? 1 : 2)
-    , writer_wake_(ex_)
     , placement_([this](byte_view head, std::size_t rest) { return place(head, rest); }) {}
 
 HIVEMESH_DECL void mux_connection::start(byte_buffer hello, incoming_handler on_incoming,
@@ -122,8 +122,17 @@ HIVEMESH_DECL void mux_connection::start(byte_buffer hello, incoming_handler on_
     auto self = shared_from_this();
     asio::co_spawn(
         ex_, [self]() { return self->read_loop(); }, asio::detached);
-    asio::co_spawn(
-        ex_, [self]() { return self->write_loop(); }, asio::detached);
+    wake_writer();
+}
+
+HIVEMESH_DECL void mux_connection::wake_writer() {
+    if (writing_ || closed_) return;
+    writing_ = true;
+    // Posted, not started here: the caller may be in the middle of a send or a frame.
+    asio::post(ex_, [self = shared_from_this()] {
+        asio::co_spawn(
+            self->ex_, [self]() { return self->write_loop(); }, asio::detached);
+    });
 }
 
 HIVEMESH_DECL asio::awaitable<std::error_code> mux_connection::open(mux_stream& out) {
@@ -180,7 +189,7 @@ HIVEMESH_DECL void mux_connection::make_ready(const stream_ptr& s) {
     if (s->send_window <= 0 && front.offset < front.message.size()) return;
     s->in_ready_list = true;
     ready_.push_back(s);
-    writer_wake_.notify();
+    wake_writer();
 }
 
 HIVEMESH_DECL asio::awaitable<void> mux_connection::write_loop() {
@@ -188,11 +197,7 @@ HIVEMESH_DECL asio::awaitable<void> mux_connection::write_loop() {
     std::vector<byte_buffer> heads; // control frames whole, data frame headers
     std::vector<byte_view> head_views, bodies;
     std::vector<stream_ptr> completed;
-    while (!closed_) {
-        if (control_.empty() && ready_.empty()) {
-            co_await writer_wake_.wait();
-            continue;
-        }
+    while (!closed_ && !(control_.empty() && ready_.empty())) {
         heads.clear();
         bodies.clear();
         completed.clear();
@@ -226,6 +231,7 @@ HIVEMESH_DECL asio::awaitable<void> mux_connection::write_loop() {
             s->writable.notify();
         }
     }
+    writing_ = false;
 }
 
 HIVEMESH_DECL std::size_t mux_connection::take_frame(const stream_ptr& s,
@@ -281,7 +287,7 @@ HIVEMESH_DECL std::size_t mux_connection::take_frame(const stream_ptr& s,
 
 HIVEMESH_DECL void mux_connection::queue_control(byte_buffer frame) {
     control_.push_back(std::move(frame));
-    writer_wake_.notify();
+    wake_writer();
 }
 
 HIVEMESH_DECL asio::awaitable<void> mux_connection::read_loop() {
@@ -290,8 +296,10 @@ HIVEMESH_DECL asio::awaitable<void> mux_connection::read_loop() {
     while (!closed_) {
         byte_view record;
         std::size_t placed = 0;
-        const auto read =
-            co_await channel_->read_placed(record, detail::data_header_size, placement_, placed);
+        auto read = co_await channel_->wait();
+        if (!read)
+            read = co_await channel_->read_placed(record, detail::data_header_size, placement_,
+                                                  placed);
         // place() may have chosen a stream whose message the read was filling.
         const stream_ptr landed = std::exchange(landing_, nullptr);
         if (landed && landed->finished) landed->drop_partial();
@@ -661,7 +669,6 @@ HIVEMESH_DECL void mux_connection::fail(std::error_code reason) {
     wake_all(settings_waiters_);
     wake_all(idle_waiters_);
     channel_->close();
-    writer_wake_.notify();
     if (on_closed_) {
         auto handler = std::move(on_closed_);
         handler(reason);
