@@ -2,6 +2,7 @@
 #include <hivemesh/core/random.hpp>
 #include <hivemesh/net/address.hpp>
 
+#include <asio/ip/address_v4.hpp>
 #include <catch2/catch.hpp>
 
 #include "support/bytes.hpp"
@@ -206,6 +207,12 @@ TEST_CASE("malformed addresses are refused with the reason", "[net][address]") {
         {"/ip4/::1/tcp/1", reason::reason_bad_ip4},
         {"/ip4/localhost/tcp/1", reason::reason_bad_ip4},
         {"/ip4/1111111111111111111111.0.0.1/tcp/1", reason::reason_bad_ip4},
+        {"/ip4/00.0.0.1/tcp/1", reason::reason_bad_ip4},
+        {"/ip4/1.2.3.4./tcp/1", reason::reason_bad_ip4},
+        {"/ip4/.1.2.3.4/tcp/1", reason::reason_bad_ip4},
+        {"/ip4/1.2.3.999/tcp/1", reason::reason_bad_ip4},
+        {"/ip4/1.2.3.1000/tcp/1", reason::reason_bad_ip4},
+        {"/ip4/1.2.3.4x/tcp/1", reason::reason_bad_ip4},
         // ip6
         {"/ip6/127.0.0.1/tcp/1", reason::reason_bad_ip6},
         {"/ip6/:::1/tcp/1", reason::reason_bad_ip6},
@@ -452,6 +459,38 @@ TEST_CASE("random bytes and random text never crash the decoders", "[net][addres
         CHECK(peer_address::parse(a->to_string()) == a);
     }
     CHECK(parsed > 0);
+}
+
+TEST_CASE("IPv4 hosts are accepted exactly when inet_pton takes them, as they are written",
+          "[net][address]") {
+    // Oracle: Asio's make_address_v4 (inet_pton) and to_string (inet_ntop).
+    hivemesh::random_generator rng(0x1B4);
+    const std::string_view alphabet = "0123456789.";
+    std::size_t accepted = 0;
+    for (int i = 0; i < 50000; ++i) {
+        std::string host;
+        if (i % 2 == 0) {
+            host.resize(rng.uniform(18));
+            for (auto& c : host)
+                c = alphabet[rng.uniform(i % 4 == 0 ? alphabet.size() : 10)];
+        } else { // four parts of 0 to 3 digits: mostly near-valid quads
+            for (int part = 0; part < 4; ++part) {
+                if (part > 0) host += '.';
+                for (auto digits = rng.uniform(4); digits > 0; --digits)
+                    host += alphabet[rng.uniform(10)];
+            }
+        }
+        std::error_code ec;
+        const auto oracle = asio::ip::make_address_v4(host.c_str(), ec);
+        const auto parsed = peer_address::parse("/ip4/" + host + "/tcp/1");
+        CAPTURE(host);
+        REQUIRE(parsed.has_value() == !ec);
+        if (!parsed) continue;
+        ++accepted;
+        CHECK(parsed->host == oracle.to_string());
+        CHECK(parsed->host == host);
+    }
+    CHECK(accepted > 1000);
 }
 
 TEST_CASE("with_peer, equality, hashing and printing", "[net][address]") {

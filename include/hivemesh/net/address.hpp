@@ -106,14 +106,24 @@ bool to_c_string(std::string_view text, std::array<char, N>& buffer) noexcept {
 }
 
 inline std::string_view canonical_ip4(std::string_view host, std::string& out) {
-    std::array<char, 16> buffer{}; // "255.255.255.255" + NUL
-    for (const char c : host)
-        if (!is_digit(c) && c != '.') return reason_bad_ip4;
-    if (!to_c_string(host, buffer)) return reason_bad_ip4;
-    std::error_code ec;
-    const auto address = asio::ip::make_address_v4(buffer.data(), ec); // inet_pton: strict quad
-    if (ec) return reason_bad_ip4;
-    out = address.to_string();
+    // Exactly four decimal parts of at most 255 without leading zeros, as inet_pton takes
+    // them; such text is its own canonical form, so no formatting is needed.
+    std::size_t parts = 0;
+    std::size_t i = 0;
+    while (i < host.size() || parts < 4) {
+        if (parts > 0) {
+            if (parts == 4 || i >= host.size() || host[i] != '.') return reason_bad_ip4;
+            ++i;
+        }
+        const std::size_t begin = i;
+        unsigned value = 0;
+        while (i < host.size() && is_digit(host[i]) && i - begin < 3)
+            value = value * 10 + static_cast<unsigned>(host[i++] - '0');
+        const std::size_t digits = i - begin;
+        if (digits == 0 || value > 255 || (digits > 1 && host[begin] == '0')) return reason_bad_ip4;
+        ++parts;
+    }
+    out.assign(host);
     return {};
 }
 

@@ -434,7 +434,7 @@ private:
     struct pooled_connection {
         std::shared_ptr<mux_connection> connection;
         std::uint64_t seen_activity = ~std::uint64_t{0};
-        std::uint64_t last_used = 0; ///< use_clock at its last call (with max_connections)
+        std::uint64_t last_used = 0; ///< use_clock at its last call: its key in by_use
     };
 
     struct pending_dial {
@@ -476,6 +476,9 @@ private:
         std::map<std::string, stream_handler, std::less<>> stream_handlers;
         timer_type sweep_timer;
         std::uint64_t use_clock = 0;
+        /// The pooled connections by last use, oldest first: make_room's eviction order,
+        /// kept as they are used rather than found by scanning the pool.
+        std::map<std::uint64_t, mux_connection*> by_use;
         bool closed = false;
         std::size_t draining = 0; ///< connections close() is still draining
         bool drain_cut = false;   ///< one of them still had calls at drain_timeout
@@ -498,6 +501,7 @@ private:
     /// Marks `connection` used now (an incoming call), for the least-recently-used choice.
     static void touch(const state_ptr& st, const crypto::peer_id& remote,
                       const mux_connection* connection);
+    static void mark_used(const state_ptr& st, pooled_connection& pooled);
 
     /// Closes least recently used idle connections until one more fits under
     /// max_connections, or none is idle. A connection that never carried a stream is not

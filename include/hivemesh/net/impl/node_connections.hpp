@@ -145,10 +145,17 @@ std::shared_ptr<mux_connection> node<Transport>::find_connection(const state_ptr
     if (it == st->connections.end()) return nullptr;
     for (auto& pooled : it->second)
         if (pooled.connection->accepts_streams()) {
-            pooled.last_used = ++st->use_clock;
+            mark_used(st, pooled);
             return pooled.connection;
         }
     return nullptr;
+}
+
+template <transport Transport>
+void node<Transport>::mark_used(const state_ptr& st, pooled_connection& pooled) {
+    auto entry = st->by_use.extract(pooled.last_used); // moved, not reallocated
+    pooled.last_used = entry.key() = ++st->use_clock;
+    st->by_use.insert(std::move(entry));
 }
 
 template <transport Transport>
@@ -157,26 +164,19 @@ void node<Transport>::touch(const state_ptr& st, const crypto::peer_id& remote,
     const auto it = st->connections.find(remote);
     if (it == st->connections.end()) return;
     for (auto& pooled : it->second)
-        if (pooled.connection.get() == connection) pooled.last_used = ++st->use_clock;
+        if (pooled.connection.get() == connection) mark_used(st, pooled);
 }
 
 template <transport Transport>
 void node<Transport>::make_room(const state_ptr& st) {
-    const std::size_t limit = st->options.max_connections;
-    while (true) {
-        std::size_t open = 0;
-        const pooled_connection* oldest = nullptr;
-        for (const auto& [id, list] : st->connections)
-            for (const auto& pooled : list) {
-                if (!pooled.connection->is_open()) continue;
-                ++open;
-                if (pooled.connection->stream_count() == 0 && pooled.connection->activity() > 0 &&
-                    (!oldest || pooled.last_used < oldest->last_used))
-                    oldest = &pooled;
-            }
-        if (open < limit || !oldest) return;
-        const auto victim = oldest->connection; // closing removes it from the pool
-        victim->close();
+    // Pooled connections are open: closing one removes it from the pool at once.
+    while (st->by_use.size() >= st->options.max_connections) {
+        const auto idle = std::find_if(st->by_use.begin(), st->by_use.end(), [](const auto& entry) {
+            const mux_connection& c = *entry.second;
+            return c.is_open() && c.stream_count() == 0 && c.activity() > 0;
+        });
+        if (idle == st->by_use.end()) return;
+        idle->second->shared_from_this()->close(); // kept alive while it leaves the pool
     }
 }
 
@@ -226,6 +226,7 @@ asio::awaitable<std::error_code> node<Transport>::secure(state_ptr st, stream_ty
         side == crypto::role::dialer, mux);
     if (st->options.max_connections > 0) make_room(st);
     st->connections[remote].push_back({connection, ~std::uint64_t{0}, ++st->use_clock});
+    st->by_use.emplace(st->use_clock, connection.get());
     std::weak_ptr<state> weak = st;
     std::weak_ptr<mux_connection> weak_connection = connection;
     connection->start(
@@ -251,6 +252,7 @@ void node<Transport>::forget(const state_ptr& st, const crypto::peer_id& remote,
     if (it == st->connections.end()) return;
     std::erase_if(it->second, [&](const pooled_connection& p) {
         if (p.connection.get() != connection) return false;
+        st->by_use.erase(p.last_used);
         st->statistics.streams_refused += p.connection->statistics().streams_refused;
         return true;
     });
