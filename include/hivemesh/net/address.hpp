@@ -20,7 +20,6 @@
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/crypto/peer_id.hpp"
 
-#include <asio/ip/address_v4.hpp>
 #include <asio/ip/address_v6.hpp>
 
 #include <algorithm>
