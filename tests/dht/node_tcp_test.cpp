@@ -324,15 +324,17 @@ TEMPLATE_TEST_CASE("a protected subkey belongs to its owner, also after the owne
         dht::record extended = mine;
         extended.expiration = t0 + 3min;
         const auto& intruder = s.members[9].rpc->identity();
-        const auto statuses =
-            test::raw_store_everywhere(s, 9,
-                                       {stolen, test::signed_by(stolen, intruder), tombstone,
-                                        test::signed_by(tombstone, intruder), extended},
-                                       stopped);
-        for (std::size_t i = 0; i < peer_count; ++i) {
-            if (i == 4 || i == 9) continue;
-            INFO("node " << i);
-            CHECK(statuses[i] == std::vector<dht::store_status>(5, dht::store_status::invalid));
+        for (const auto by : {test::carrier::store, test::carrier::find}) {
+            const auto statuses =
+                test::raw_store_everywhere(s, 9,
+                                           {stolen, test::signed_by(stolen, intruder), tombstone,
+                                            test::signed_by(tombstone, intruder), extended},
+                                           stopped, by);
+            for (std::size_t i = 0; i < peer_count; ++i) {
+                if (i == 4 || i == 9) continue;
+                INFO("node " << i << (by == test::carrier::find ? ", carried by a find" : ""));
+                CHECK(statuses[i] == std::vector<dht::store_status>(5, dht::store_status::invalid));
+            }
         }
         auto [gec, entry] = get(s, 15, key, true);
         REQUIRE_FALSE(gec);

@@ -186,6 +186,9 @@ void write_dht_request_corpus(const std::filesystem::path& dir) {
         find.keys.push_back(id::of_key(key));
     write_file(dir / "find", encode(find));
     write_file(dir / "find_empty", encode(find_request{{}, {}, 0}));
+    find.want_values = false;
+    find.items = store.items;
+    write_file(dir / "find_carrying", encode(find));
 }
 
 // Ping, store and find responses with plain and dictionary entries and peers of every
@@ -217,6 +220,8 @@ void write_dht_response_corpus(const std::filesystem::path& dir) {
     find_response find{{{plain, {peers[0]}}, {dictionary, peers}, {std::nullopt, peers}}};
     write_file(dir / "find", encode(find));
     write_file(dir / "find_empty", encode(find_response{}));
+    find.statuses = statuses.statuses;
+    write_file(dir / "find_with_statuses", encode(find));
 }
 
 // State sharing: the request, headers of a few states (empty, with and without metadata,

@@ -33,23 +33,40 @@ inline byte_buffer marker_of(const crypto::identity& who) {
     return to_buffer(as_bytes(dht::owner_marker(who.public_key())));
 }
 
-/// Sends `records` from member `from` to member `to` in one dht.store request; returns the
-/// status `to` answered for each.
+/// How raw_store() hands records over: in a dht.store request, or carried by a dht.find
+/// (as a store's lookup does).
+enum class carrier { store, find };
+
+/// Sends `records` from member `from` to member `to` in one request; returns the status `to`
+/// answered for each.
 template <class World>
 std::vector<dht::store_status> raw_store(swarm<World>& s, std::size_t from, std::size_t to,
-                                         const std::vector<dht::record>& records) {
-    dht::store_request request;
+                                         const std::vector<dht::record>& records,
+                                         carrier by = carrier::store) {
+    std::vector<dht::store_item> items;
     for (const auto& r : records)
-        request.items.push_back({.item = r, .in_cache = false});
+        items.push_back({.item = r, .in_cache = false});
+    const bool find = by == carrier::find;
+    const auto request =
+        find ? dht::encode(dht::find_request{{}, {dht::id{}}, 1, std::move(items), false})
+             : dht::encode(dht::store_request{{}, std::move(items)});
     auto [ec, raw] = wait_for<std::error_code, byte_buffer>(s.world, [&](auto handler) {
-        s.members[from].rpc->async_call(s.members[to].address(), "dht.store", dht::encode(request),
-                                        std::chrono::seconds(10), handler);
+        s.members[from].rpc->async_call(s.members[to].address(), find ? "dht.find" : "dht.store",
+                                        request, std::chrono::seconds(10), handler);
     });
     REQUIRE_FALSE(ec);
-    dht::store_response response;
-    REQUIRE_FALSE(dht::decode(raw, response));
-    REQUIRE(response.statuses.size() == records.size());
-    return std::move(response.statuses);
+    std::vector<dht::store_status> statuses;
+    if (find) {
+        dht::find_response response;
+        REQUIRE_FALSE(dht::decode(raw, response));
+        statuses = std::move(response.statuses);
+    } else {
+        dht::store_response response;
+        REQUIRE_FALSE(dht::decode(raw, response));
+        statuses = std::move(response.statuses);
+    }
+    REQUIRE(statuses.size() == records.size());
+    return statuses;
 }
 
 /// raw_store() to every serving member but `from` and those in `except` (e.g. stopped ones):
@@ -57,11 +74,11 @@ std::vector<dht::store_status> raw_store(swarm<World>& s, std::size_t from, std:
 template <class World>
 std::vector<std::vector<dht::store_status>>
 raw_store_everywhere(swarm<World>& s, std::size_t from, const std::vector<dht::record>& records,
-                     const std::set<std::size_t>& except = {}) {
+                     const std::set<std::size_t>& except = {}, carrier by = carrier::store) {
     std::vector<std::vector<dht::store_status>> out(s.members.size());
     for (std::size_t i = 0; i < s.members.size(); ++i)
         if (i != from && !s.members[i].client && !except.contains(i))
-            out[i] = raw_store(s, from, i, records);
+            out[i] = raw_store(s, from, i, records, by);
     return out;
 }
 

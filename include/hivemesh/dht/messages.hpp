@@ -1,6 +1,6 @@
 // Wire format of the DHT RPCs: ping, store and find, each a request and a response.
 //
-// Every message starts with `u8 version (1) | u8 type`; integers are little-endian; byte
+// Every message starts with `u8 version (2) | u8 type`; integers are little-endian; byte
 // strings ("sized") are `u32 length | bytes`; counts are u32; times are i64 nanoseconds
 // since the Unix epoch; a flag is a u8 that must be 0 or 1 and announces an optional field.
 //
@@ -10,8 +10,10 @@
 // | 2    | ping_response  | (nothing)                                                 |
 // | 3    | store_request  | sender, u32 item count, store_item[count]                 |
 // | 4    | store_response | u32 count, u8 store_status[count]                         |
-// | 5    | find_request   | sender, u32 max_peers, u32 key count, 20-byte id[count]   |
-// | 6    | find_response  | u32 result count, find_result[count]                      |
+// | 5    | find_request   | sender, u8 want_values, u32 max_peers, u32 key count,     |
+// |      |                | 20-byte id[count], u32 item count, store_item[count]      |
+// | 6    | find_response  | u32 result count, find_result[count], u32 status count,   |
+// |      |                | u8 store_status[count]                                    |
 //
 // | part         | layout                                                              |
 // |--------------|---------------------------------------------------------------------|
@@ -25,6 +27,11 @@
 // |              | (sized subkey, stored_value)[count] in strictly increasing order    |
 // | find_result  | u8 has_entry, [key_entry], u32 peer count, peer_info[count]         |
 // | peer_info    | 32-byte PeerId, address                                             |
+//
+// A find may carry records to store (a store's lookup hands them to the nodes it asks, so
+// that the nearest of them need no store request after it); its response then holds one
+// status per item, as a store_response would. A find that does not want values is
+// answered with no entries.
 //
 // Each value has exactly one encoding: decoding refuses non-canonical input (flags other
 // than 0 or 1, unsorted or duplicate subkeys, a plain value next to a dictionary,
@@ -111,11 +118,14 @@ struct store_response {
     friend bool operator==(const store_response&, const store_response&) = default;
 };
 
-/// Asks for the values under `keys` and up to `max_peers` nearest peers of each.
+/// Asks for up to `max_peers` nearest peers of each of `keys`, and their values when
+/// `want_values`; the receiver first stores `items`, as a store_request would.
 struct find_request {
     sender_info from;
     std::vector<dht::id> keys;
     std::uint32_t max_peers = 20;
+    std::vector<store_item> items = {};
+    bool want_values = true;
     friend bool operator==(const find_request&, const find_request&) = default;
 };
 
@@ -126,9 +136,10 @@ struct find_result {
     friend bool operator==(const find_result&, const find_result&) = default;
 };
 
-/// One result per key of the request, in the same order.
+/// One result per key of the request, in the same order, and one status per item.
 struct find_response {
     std::vector<find_result> results;
+    std::vector<store_status> statuses = {};
     friend bool operator==(const find_response&, const find_response&) = default;
 };
 
@@ -142,7 +153,7 @@ enum class message_type : std::uint8_t {
     find_response = 6,
 };
 
-inline constexpr std::uint8_t message_version = 1;
+inline constexpr std::uint8_t message_version = 2;
 
 namespace detail {
 
@@ -204,6 +215,23 @@ inline void write_store_item(binary_writer& w, const store_item& item,
     write_time(w, r.expiration);
     write_sized(w, r.signature, limits.max_signature_size, "signature too large");
     w.write_flag(item.in_cache);
+}
+
+inline void write_store_items(binary_writer& w, const std::vector<store_item>& items,
+                              const message_limits& limits) {
+    write_count(w, items.size(), limits.max_items, "too many items");
+    for (const auto& item : items)
+        write_store_item(w, item, limits);
+}
+
+inline void write_statuses(binary_writer& w, const std::vector<store_status>& statuses,
+                           const message_limits& limits) {
+    write_count(w, statuses.size(), limits.max_items, "too many statuses");
+    for (const auto status : statuses) {
+        const auto byte = static_cast<std::uint8_t>(status);
+        if (byte > max_store_status) refuse_encoding("unknown store_status");
+        w.write(byte);
+    }
 }
 
 inline void write_key_entry(binary_writer& w, const key_entry& entry,
@@ -269,6 +297,25 @@ inline void read_store_item(binary_reader& r, const message_limits& limits, stor
     rec.expiration = read_time(r);
     read_sized(r, limits.max_signature_size, rec.signature);
     out.in_cache = r.read_flag();
+}
+
+inline void read_store_items(binary_reader& r, const message_limits& limits,
+                             std::vector<store_item>& out) {
+    const auto count = read_count(r, min_store_item_size, limits.max_items);
+    out.reserve(count);
+    for (std::size_t i = 0; i < count && r.ok(); ++i)
+        read_store_item(r, limits, out.emplace_back());
+}
+
+inline void read_statuses(binary_reader& r, const message_limits& limits,
+                          std::vector<store_status>& out) {
+    const auto count = read_count(r, 1, limits.max_items);
+    out.reserve(count);
+    for (std::size_t i = 0; i < count && r.ok(); ++i) {
+        const auto byte = r.read<std::uint8_t>();
+        if (byte > max_store_status) r.fail(errc::corrupt_data);
+        out.push_back(static_cast<store_status>(byte));
+    }
 }
 
 inline void read_key_entry(binary_reader& r, const message_limits& limits, key_entry& out) {
@@ -394,61 +441,46 @@ inline std::error_code decode(byte_view bytes, ping_response& out,
 inline byte_buffer encode(const store_request& m, const message_limits& limits = {}) {
     return detail::encode_message(message_type::store_request, [&](binary_writer& w) {
         detail::write_sender(w, m.from);
-        detail::write_count(w, m.items.size(), limits.max_items, "too many items");
-        for (const auto& item : m.items)
-            detail::write_store_item(w, item, limits);
+        detail::write_store_items(w, m.items, limits);
     });
 }
 
 /// Decodes a store request (errors above).
 inline std::error_code decode(byte_view bytes, store_request& out,
                               const message_limits& limits = {}) noexcept {
-    return detail::decode_message(
-        bytes, message_type::store_request, out, [&](binary_reader& r, store_request& m) {
-            detail::read_sender(r, m.from);
-            const auto count = detail::read_count(r, detail::min_store_item_size, limits.max_items);
-            m.items.reserve(count);
-            for (std::size_t i = 0; i < count && r.ok(); ++i)
-                detail::read_store_item(r, limits, m.items.emplace_back());
-        });
+    return detail::decode_message(bytes, message_type::store_request, out,
+                                  [&](binary_reader& r, store_request& m) {
+                                      detail::read_sender(r, m.from);
+                                      detail::read_store_items(r, limits, m.items);
+                                  });
 }
 
 /// Encodes the per-item outcomes of a store.
 inline byte_buffer encode(const store_response& m, const message_limits& limits = {}) {
     return detail::encode_message(message_type::store_response, [&](binary_writer& w) {
-        detail::write_count(w, m.statuses.size(), limits.max_items, "too many statuses");
-        for (const auto status : m.statuses) {
-            const auto byte = static_cast<std::uint8_t>(status);
-            if (byte > max_store_status) detail::refuse_encoding("unknown store_status");
-            w.write(byte);
-        }
+        detail::write_statuses(w, m.statuses, limits);
     });
 }
 
 /// Decodes a store response (errors above).
 inline std::error_code decode(byte_view bytes, store_response& out,
                               const message_limits& limits = {}) noexcept {
-    return detail::decode_message(bytes, message_type::store_response, out,
-                                  [&](binary_reader& r, store_response& m) {
-                                      const auto count = detail::read_count(r, 1, limits.max_items);
-                                      m.statuses.reserve(count);
-                                      for (std::size_t i = 0; i < count && r.ok(); ++i) {
-                                          const auto byte = r.read<std::uint8_t>();
-                                          if (byte > max_store_status) r.fail(errc::corrupt_data);
-                                          m.statuses.push_back(static_cast<store_status>(byte));
-                                      }
-                                  });
+    return detail::decode_message(
+        bytes, message_type::store_response, out,
+        [&](binary_reader& r, store_response& m) { detail::read_statuses(r, limits, m.statuses); });
 }
 
-/// Encodes a batch of lookups.
+/// Encodes a batch of lookups, with the records they carry.
 inline byte_buffer encode(const find_request& m, const message_limits& limits = {}) {
     return detail::encode_message(message_type::find_request, [&](binary_writer& w) {
         detail::write_sender(w, m.from);
+        w.write_flag(m.want_values);
         detail::check_size(m.max_peers, limits.max_peers, "max_peers over the limit");
         w.write(m.max_peers);
         detail::write_count(w, m.keys.size(), limits.max_items, "too many keys");
         for (const auto& key : m.keys)
             w.write_bytes(key.view());
+        detail::write_store_items(w, m.items, limits);
     });
 }
 
@@ -459,6 +491,7 @@ inline std::error_code decode(byte_view bytes, find_request& out,
     return detail::decode_message(
         bytes, message_type::find_request, out, [&](binary_reader& r, find_request& m) {
             detail::read_sender(r, m.from);
+            m.want_values = r.read_flag();
             m.max_peers = r.read<std::uint32_t>();
             if (r.ok() && m.max_peers > limits.max_peers) r.fail(errc::length_limit_exceeded);
             const auto count = detail::read_count(r, id::size, limits.max_items);
@@ -468,6 +501,7 @@ inline std::error_code decode(byte_view bytes, find_request& out,
                 if (!key) return; // cannot happen: the count was checked against the input
                 m.keys.push_back(*key);
             }
+            detail::read_store_items(r, limits, m.items);
         });
 }
 
@@ -477,6 +511,7 @@ inline byte_buffer encode(const find_response& m, const message_limits& limits =
         detail::write_count(w, m.results.size(), limits.max_items, "too many results");
         for (const auto& result : m.results)
             detail::write_find_result(w, result, limits);
+        detail::write_statuses(w, m.statuses, limits);
     });
 }
 
@@ -490,6 +525,7 @@ inline std::error_code decode(byte_view bytes, find_response& out,
             m.results.reserve(count);
             for (std::size_t i = 0; i < count && r.ok(); ++i)
                 detail::read_find_result(r, limits, m.results.emplace_back());
+            detail::read_statuses(r, limits, m.statuses);
         });
 }
 

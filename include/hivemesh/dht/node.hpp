@@ -6,12 +6,13 @@
 // `alpha` requests in flight per key, several keys batched into one request to a peer
 // that is a candidate for each of them; a key's search ends when the k nearest nodes seen
 // have all answered (a store's, when its num_replicas nearest have; a plain get's, when a
-// value is found). Failing peers are
-// blacklisted with exponential backoff and dropped from the routing table after repeated
-// failures. A maintenance loop expires values, refreshes stale buckets, re-bootstraps from
-// the initial peers (so a split swarm heals) and republishes the keys this node is a
-// replica of (so values survive crashes); keys are also handed to newly seen nodes that
-// become their nearest.
+// value is found). A store's small records ride along with its finds, so that its nearest
+// nodes need no store request after the lookup (node_options::carried_record_bytes).
+// Failing peers are blacklisted with exponential backoff and dropped from the routing table
+// after repeated failures. A maintenance loop expires values, refreshes stale buckets,
+// re-bootstraps from the initial peers (so a split swarm heals) and republishes the keys this node
+// is a replica of (so values survive crashes); keys are also handed to newly seen nodes that become
+// their nearest.
 //
 // Owner markers (dht/validator.hpp) are part of the protocol: every node checks them with an
 // owner_validator for its RPC node's identity, installed at construction, which also signs
@@ -74,6 +75,11 @@ struct node_options {
     std::size_t alpha = 3;
     /// Nodes each value is stored on.
     std::size_t num_replicas = 5;
+    /// A store's lookup hands a key's records to every node it asks when they total at most
+    /// this many bytes, so that its nearest nodes, all asked, need no store request after
+    /// it; the few nodes asked that turn out not to be among the nearest keep a copy until
+    /// it expires. Larger records, and 0, are sent by store requests to the nearest alone.
+    std::size_t carried_record_bytes = 8 * 1024;
     /// Deadline of one request to one peer.
     duration request_timeout = 5s;
     /// Keys carried by one find request (several lookups share requests).
@@ -143,8 +149,12 @@ struct node_statistics {
     /// request_burst), or sent during its penalty.
     std::uint64_t requests_rate_limited = 0;
     std::uint64_t requests_malformed = 0; ///< refused, and their sender penalised
-    std::uint64_t handoffs = 0;           ///< keys handed to newly seen nodes
-    std::uint64_t republished = 0;        ///< keys stored again by the maintenance loop
+    /// Records of this node's stores handed over with the lookup's finds, and sent in store
+    /// requests after it (carried_record_bytes), one per node.
+    std::uint64_t store_records_carried = 0;
+    std::uint64_t store_records_sent = 0;
+    std::uint64_t handoffs = 0;    ///< keys handed to newly seen nodes
+    std::uint64_t republished = 0; ///< keys stored again by the maintenance loop
 };
 
 namespace detail {
@@ -484,6 +494,9 @@ private:
                                        byte_view request, byte_buffer& response);
     static std::error_code serve_find(const state_ptr& st, const net::call_context& context,
                                       byte_view request, byte_buffer& response);
+    /// Stores the items of a store or find request from an admitted sender.
+    static std::vector<store_status> store_items(const state_ptr& st,
+                                                 const std::vector<store_item>& items);
     /// What this node holds for `key`: its storage merged with its cache.
     static std::optional<key_entry> local_entry(const state_ptr& st, const dht::id& key,
                                                 time_point now);
@@ -505,18 +518,29 @@ private:
     static bool finished(const state_ptr& st, search& s);
     /// The nearest candidate of `s` nobody has asked yet, among its `width` nearest live ones.
     static candidate* next_candidate(const state_ptr& st, search& s);
+    /// True if `node` is among the `width` nearest live candidates of `s`, this node counted.
+    static bool among_nearest(const state_ptr& st, const search& s, const dht::id& node);
     /// Sends every request the searches allow, batching keys per peer.
     static void launch(const state_ptr& st, const std::shared_ptr<lookup>& l);
+    /// Records a store's lookup hands to the nodes it asks: per target, indices into
+    /// `records`, which outlives the lookup.
+    struct carried_records {
+        const std::vector<record>* records = nullptr;
+        std::vector<std::vector<std::size_t>> of_target;
+    };
     static asio::awaitable<void> ask(state_ptr st, std::shared_ptr<lookup> l, contact_type target,
-                                     std::vector<std::size_t> batch, byte_buffer request);
+                                     std::vector<std::size_t> batch, std::vector<bool> carried,
+                                     std::size_t items, byte_buffer request);
     /// Applies one reply to its searches.
     static void absorb(const state_ptr& st, lookup& l, reply& r);
     /// Runs searches for `targets` to completion (or until the node closes); each ends
     /// when its `width` nearest live candidates have answered (k for a get or a refresh,
-    /// num_replicas for a store), or at a value as finished() says.
+    /// num_replicas for a store), or at a value as finished() says. Only a lookup that
+    /// `want_value` is sent values; each request carries its searches' `carry` records.
     static asio::awaitable<std::vector<search>>
     run_lookup(state_ptr st, std::vector<dht::id> targets, bool want_value, bool latest,
-               std::size_t width, std::optional<std::vector<contact_type>> start = std::nullopt);
+               std::size_t width, std::optional<std::vector<contact_type>> start = std::nullopt,
+               carried_records carry = {});
     /// The answered candidates of `s`, nearest first.
     static std::vector<contact_type> answered(const search& s, std::size_t count);
 

@@ -25,6 +25,8 @@ struct node<Transport>::candidate {
     contact_type contact;
     candidate_state status = candidate_state::fresh;
     std::size_t hop = 1;
+    /// Its answers to the search's carried records, when its request carried them.
+    std::vector<store_status> stored;
 };
 
 template <net::transport Transport>
@@ -34,6 +36,8 @@ struct node<Transport>::search {
     bool latest = false;
     /// How many of the nearest live candidates must answer before the search ends.
     std::size_t width = 0;
+    /// Records handed to every node asked (indices into the lookup's records).
+    std::vector<std::size_t> carried;
     std::map<dht::id, candidate> candidates; // by distance to target
     std::size_t in_flight = 0;
     std::size_t rounds = 0;
@@ -47,6 +51,7 @@ template <net::transport Transport>
 struct node<Transport>::reply {
     contact_type from;
     std::vector<std::size_t> searches;
+    std::vector<bool> carried; // per search: whether the request carried its records
     std::error_code ec;
     find_response response;
 };
@@ -56,6 +61,8 @@ struct node<Transport>::lookup {
     explicit lookup(const asio::any_io_executor& ex)
         : wake(ex) {}
     std::vector<search> searches;
+    const std::vector<record>* records = nullptr; // what the searches carry
+    bool want_values = false;
     std::deque<reply> replies;
     std::size_t in_flight = 0;
     wakeup wake;
@@ -65,7 +72,7 @@ template <net::transport Transport>
 void node<Transport>::add_candidate(const state_ptr& st, search& s, const contact_type& c,
                                     std::size_t hop) {
     if (c.id == st->self) return;
-    s.candidates.try_emplace(c.id ^ s.target, candidate{c, candidate_state::fresh, hop});
+    s.candidates.try_emplace(c.id ^ s.target, candidate{c, candidate_state::fresh, hop, {}});
 }
 
 template <net::transport Transport>
@@ -105,6 +112,17 @@ auto node<Transport>::next_candidate(const state_ptr& st, search& s) -> candidat
 }
 
 template <net::transport Transport>
+bool node<Transport>::among_nearest(const state_ptr& st, const search& s, const dht::id& node) {
+    const auto distance = node ^ s.target;
+    std::size_t nearer = st->announce && closer(s.target, st->self, node) ? 1 : 0;
+    for (const auto& [d, c] : s.candidates) {
+        if (!(d < distance) || nearer >= s.width) break;
+        if (c.status != candidate_state::failed) ++nearer;
+    }
+    return nearer < s.width;
+}
+
+template <net::transport Transport>
 void node<Transport>::launch(const state_ptr& st, const std::shared_ptr<lookup>& l) {
     for (std::size_t i = 0; i < l->searches.size(); ++i) {
         auto& s = l->searches[i];
@@ -130,12 +148,31 @@ void node<Transport>::launch(const state_ptr& st, const std::shared_ptr<lookup>&
                 ++other.in_flight;
                 batch.push_back(j);
             }
-            find_request request{sender(st), {}, static_cast<std::uint32_t>(st->options.routing.k)};
-            for (const auto j : batch)
-                request.keys.push_back(l->searches[j].target);
+            find_request request{sender(st),
+                                 {},
+                                 static_cast<std::uint32_t>(st->options.routing.k),
+                                 {},
+                                 l->want_values};
+            std::vector<bool> carried(batch.size());
+            for (std::size_t n = 0; n < batch.size(); ++n) {
+                const auto& searched = l->searches[batch[n]];
+                request.keys.push_back(searched.target);
+                if (searched.carried.empty() ||
+                    request.items.size() + searched.carried.size() >
+                        st->options.messages.max_items ||
+                    !among_nearest(st, searched, target.id))
+                    continue; // a store request follows if this node is among the nearest
+                carried[n] = true;
+                for (const auto index : searched.carried)
+                    request.items.push_back({(*l->records)[index], false});
+            }
             ++l->in_flight;
-            asio::co_spawn(st->executor, ask(st, l, target, std::move(batch), encode(request)),
-                           asio::detached);
+            const auto items = request.items.size();
+            st->stats.store_records_carried += items;
+            asio::co_spawn(
+                st->executor,
+                ask(st, l, target, std::move(batch), std::move(carried), items, encode(request)),
+                asio::detached);
         }
     }
 }
@@ -143,12 +180,14 @@ void node<Transport>::launch(const state_ptr& st, const std::shared_ptr<lookup>&
 template <net::transport Transport>
 asio::awaitable<void> node<Transport>::ask(state_ptr st, std::shared_ptr<lookup> l,
                                            contact_type target, std::vector<std::size_t> batch,
+                                           std::vector<bool> carried, std::size_t items,
                                            byte_buffer request) {
     auto [ec, raw] = co_await call(st, target, "dht.find", std::move(request));
-    reply r{std::move(target), std::move(batch), ec, {}};
+    reply r{std::move(target), std::move(batch), std::move(carried), ec, {}};
     if (!r.ec) {
         r.ec = decode(raw, r.response, st->options.messages);
-        if (!r.ec && r.response.results.size() != r.searches.size())
+        if (!r.ec &&
+            (r.response.results.size() != r.searches.size() || r.response.statuses.size() != items))
             r.ec = errc::protocol_violation;
         if (r.ec) note_failure(st, r.from);
     }
@@ -160,6 +199,7 @@ asio::awaitable<void> node<Transport>::ask(state_ptr st, std::shared_ptr<lookup>
 template <net::transport Transport>
 void node<Transport>::absorb(const state_ptr& st, lookup& l, reply& r) {
     const time_point now = st->now();
+    auto statuses = r.response.statuses.begin();
     for (std::size_t n = 0; n < r.searches.size(); ++n) {
         auto& s = l.searches[r.searches[n]];
         --s.in_flight;
@@ -171,6 +211,11 @@ void node<Transport>::absorb(const state_ptr& st, lookup& l, reply& r) {
             continue;
         }
         c.status = candidate_state::answered;
+        if (r.carried[n]) {
+            const auto end = statuses + static_cast<std::ptrdiff_t>(s.carried.size());
+            c.stored.assign(statuses, end);
+            statuses = end;
+        }
         auto& result = r.response.results[n];
         bool had_value = false;
         if (result.entry && dht::id::of_key(result.entry->key) == s.target) {
@@ -205,10 +250,12 @@ void node<Transport>::absorb(const state_ptr& st, lookup& l, reply& r) {
 template <net::transport Transport>
 auto node<Transport>::run_lookup(state_ptr st, std::vector<dht::id> targets, bool want_value,
                                  bool latest, std::size_t width,
-                                 std::optional<std::vector<contact_type>> start)
-    -> asio::awaitable<std::vector<search>> {
+                                 std::optional<std::vector<contact_type>> start,
+                                 carried_records carry) -> asio::awaitable<std::vector<search>> {
     auto l = std::make_shared<lookup>(st->executor);
     l->searches.resize(targets.size());
+    l->records = carry.records;
+    l->want_values = want_value;
     const auto now = st->now();
     for (std::size_t i = 0; i < targets.size(); ++i) {
         auto& s = l->searches[i];
@@ -216,6 +263,7 @@ auto node<Transport>::run_lookup(state_ptr st, std::vector<dht::id> targets, boo
         s.want_value = want_value;
         s.latest = latest;
         s.width = width;
+        if (i < carry.of_target.size()) s.carried = std::move(carry.of_target[i]);
         for (const auto& c : start ? *start : st->table.nearest(s.target, st->options.routing.k))
             add_candidate(st, s, c, 1);
         st->table.mark_refreshed(s.target, now);

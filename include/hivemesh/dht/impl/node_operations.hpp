@@ -199,12 +199,28 @@ node<Transport>::store_records(state_ptr st, std::vector<record> records) {
         if (added) targets.push_back(key);
         search_of[i] = it->second;
     }
+    // Small records ride along with the lookup's requests (carried_record_bytes).
+    carried_records carry{&records, std::vector<std::vector<std::size_t>>(targets.size())};
+    std::vector<std::size_t> carried_bytes(targets.size());
+    for (std::size_t i = 0; i < records.size(); ++i) {
+        if (!valid[i]) continue;
+        const auto& r = records[i];
+        carried_bytes[search_of[i]] +=
+            r.key.size() + r.value.size() + (r.subkey ? r.subkey->size() : 0) + r.signature.size();
+        carry.of_target[search_of[i]].push_back(i);
+    }
+    for (std::size_t t = 0; t < targets.size(); ++t)
+        if (carried_bytes[t] > st->options.carried_record_bytes ||
+            carry.of_target[t].size() > st->options.messages.max_items)
+            carry.of_target[t].clear();
     // The search ends when the num_replicas nearest have answered, not the k nearest: the
     // stores go to those alone, and waiting for k answers costs about 20 finds a store,
     // most of them to peers it never stores on.
-    auto searches = co_await run_lookup(st, targets, false, false, st->options.num_replicas);
+    auto searches = co_await run_lookup(st, targets, false, false, st->options.num_replicas,
+                                        std::nullopt, std::move(carry));
     if (st->closed) co_return result{errc::cancelled, std::move(outcomes)};
-    // Per record: the num_replicas nearest of the nodes that answered, and this node.
+    // Per record: the num_replicas nearest of the nodes that answered, and this node. A
+    // node that took the record with its find has answered for it already.
     std::map<crypto::peer_id, outgoing_store> outgoing;
     const auto now = st->now();
     for (std::size_t i = 0; i < records.size(); ++i) {
@@ -219,9 +235,16 @@ node<Transport>::store_records(state_ptr st, std::vector<record> records) {
         }
         if (self_included) count(outcomes[i], st->storage.store(records[i], now));
         for (const auto& c : nearest) {
+            const auto& stored = s.candidates.at(c.id ^ s.target).stored;
+            if (!stored.empty()) {
+                const auto position = std::find(s.carried.begin(), s.carried.end(), i);
+                count(outcomes[i], stored[static_cast<std::size_t>(position - s.carried.begin())]);
+                continue;
+            }
             auto& out = outgoing[c.peer];
             out.target = c;
             out.records.push_back(i);
+            ++st->stats.store_records_sent;
         }
     }
     auto answers = co_await send_stores(st, std::move(outgoing), records, false);

@@ -9,7 +9,6 @@
 #include <memory>
 #include <optional>
 #include <system_error>
-#include <type_traits>
 #include <utility>
 
 namespace hivemesh::dht {
@@ -63,8 +62,10 @@ std::error_code node<Transport>::take_request(const state_ptr& st, const net::ca
                                               byte_view request, Request& out) {
     if (auto ec = admit(st, context, 1)) return ec;
     if (auto ec = decode(request, out, st->options.messages)) return penalise(st, context, ec);
-    // A store's items cost more (serve_store); it counts as served once they are allowed.
-    if constexpr (!std::is_same_v<Request, store_request>) ++st->stats.requests_served;
+    // Items to store cost one more each; the request counts as served once they are allowed.
+    if constexpr (requires { out.items; })
+        if (auto ec = admit(st, context, static_cast<double>(out.items.size()))) return ec;
+    ++st->stats.requests_served;
     return {};
 }
 
@@ -92,22 +93,26 @@ std::error_code node<Transport>::serve_store(const state_ptr& st, const net::cal
                                              byte_view request, byte_buffer& response) {
     store_request store;
     if (auto ec = take_request(st, context, request, store)) return ec;
-    if (auto ec = admit(st, context, static_cast<double>(store.items.size()))) return ec;
-    ++st->stats.requests_served;
     note_sender(st, context, store.from);
-    store_response reply;
-    reply.statuses.reserve(store.items.size());
+    response = encode(store_response{store_items(st, store.items)});
+    return {};
+}
+
+template <net::transport Transport>
+std::vector<store_status> node<Transport>::store_items(const state_ptr& st,
+                                                       const std::vector<store_item>& items) {
+    std::vector<store_status> statuses;
+    statuses.reserve(items.size());
     const auto now = st->now();
-    for (const auto& item : store.items) {
+    for (const auto& item : items) {
         if (st->validators.validate(item.item)) {
-            reply.statuses.push_back(store_status::invalid);
+            statuses.push_back(store_status::invalid);
             continue;
         }
         auto& target = item.in_cache ? st->cache : st->storage;
-        reply.statuses.push_back(target.store(item.item, now));
+        statuses.push_back(target.store(item.item, now));
     }
-    response = encode(reply);
-    return {};
+    return statuses;
 }
 
 template <net::transport Transport>
@@ -122,13 +127,16 @@ std::error_code node<Transport>::serve_find(const state_ptr& st, const net::call
     find_response reply;
     reply.results.reserve(find.keys.size());
     const auto now = st->now();
+    // The entries are read before the items are stored, so a carried record does not
+    // travel back to its sender.
     for (const auto& key : find.keys) {
         find_result result;
-        result.entry = local_entry(st, key, now);
+        if (find.want_values) result.entry = local_entry(st, key, now);
         for (const auto& c : st->table.nearest(key, count, &requester))
             result.nearest.push_back({c.peer, Transport::to_address(c.endpoint)});
         reply.results.push_back(std::move(result));
     }
+    reply.statuses = store_items(st, find.items);
     response = encode(reply);
     return {};
 }
