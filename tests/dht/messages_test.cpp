@@ -534,23 +534,28 @@ TEST_CASE("dht messages: each limit is enforced by decode and encode", "[dht]") 
         {},
         {{make_record("key", std::string_view("sub"), "value", 1, "sg"), false},
          {make_record("k", std::nullopt, "v", 1), false}}};
-    refused(store, with([](auto& l) { l.max_items = 1; }));
-    refused(store, with([](auto& l) { l.max_key_size = 2; }));
-    refused(store, with([](auto& l) { l.max_subkey_size = 2; }));
-    refused(store, with([](auto& l) { l.max_value_size = 4; }));
-    refused(store, with([](auto& l) { l.max_signature_size = 1; }));
     const auto at_limit = [](const auto& message, const dht::message_limits& l) {
         using M = std::decay_t<decltype(message)>;
         M out;
         CHECK(dht::decode(dht::encode(message, l), out, l) == std::error_code{});
         CHECK(out == message);
     };
-    at_limit(store, with([](auto& l) {
-                 l.max_items = 2;
-                 l.max_key_size = l.max_subkey_size = 3;
-                 l.max_value_size = 5;
-                 l.max_signature_size = 2;
-             }));
+    // The store's items, in a store request or carried by a find.
+    const auto check_items = [&](const auto& message) {
+        refused(message, with([](auto& l) { l.max_items = 1; }));
+        refused(message, with([](auto& l) { l.max_key_size = 2; }));
+        refused(message, with([](auto& l) { l.max_subkey_size = 2; }));
+        refused(message, with([](auto& l) { l.max_value_size = 4; }));
+        refused(message, with([](auto& l) { l.max_signature_size = 1; }));
+        at_limit(message, with([](auto& l) {
+                     l.max_items = 2;
+                     l.max_key_size = l.max_subkey_size = 3;
+                     l.max_value_size = 5;
+                     l.max_signature_size = 2;
+                 }));
+    };
+    check_items(store);
+    check_items(dht::find_request{{}, {dht::id{}}, 1, store.items, false});
 
     refused(dht::store_response{{dht::store_status::stored, dht::store_status::expired}},
             with([](auto& l) { l.max_items = 1; }));
@@ -558,18 +563,6 @@ TEST_CASE("dht messages: each limit is enforced by decode and encode", "[dht]") 
             with([](auto& l) { l.max_items = 1; }));
     refused(dht::find_request{{}, {}, 10}, with([](auto& l) { l.max_peers = 9; }));
     at_limit(dht::find_request{{}, {}, 10}, with([](auto& l) { l.max_peers = 10; }));
-    const dht::find_request carrying{{}, {dht::id{}}, 1, store.items, false};
-    refused(carrying, with([](auto& l) { l.max_items = 1; }));
-    refused(carrying, with([](auto& l) { l.max_key_size = 2; }));
-    refused(carrying, with([](auto& l) { l.max_subkey_size = 2; }));
-    refused(carrying, with([](auto& l) { l.max_value_size = 4; }));
-    refused(carrying, with([](auto& l) { l.max_signature_size = 1; }));
-    at_limit(carrying, with([](auto& l) {
-                 l.max_items = 2;
-                 l.max_key_size = l.max_subkey_size = 3;
-                 l.max_value_size = 5;
-                 l.max_signature_size = 2;
-             }));
     refused(dht::find_response{{}, {dht::store_status::stored, dht::store_status::expired}},
             with([](auto& l) { l.max_items = 1; }));
 
