@@ -364,7 +364,7 @@ TEST_CASE("a store's lookup asks about as many nodes as it stores on, and reache
 }
 
 TEST_CASE("a store's lookup hands small records to the nodes it asks, so its nearest need no "
-          "store request; larger records go by store requests to the nearest alone",
+          "store request, and larger records go by store requests to the nearest alone",
           "[dht][sim]") {
     // Keys 0..99 have values of 64..163 bytes (value_of) under keys of 5..6 bytes: with a
     // limit of 120 bytes about half of them ride along with the finds.
