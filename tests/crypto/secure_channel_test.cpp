@@ -44,6 +44,7 @@ struct outcome {
     std::vector<byte_buffer> messages; // as delivered, in order
     std::optional<secure_session> dialer;
     std::optional<secure_session> listener;
+    std::optional<resumption_ticket> dialer_ticket, listener_ticket; // what each side kept
     bool done() const { return dialer && listener; }
 };
 
@@ -54,10 +55,21 @@ outcome run_handshake(const identity& dialer_identity, const identity& listener_
                       const secure_options& dialer_options = {},
                       const secure_options& listener_options = {},
                       std::optional<peer_id> dialer_expects = {},
-                      std::optional<peer_id> listener_expects = {}, const mutator& mutate = {}) {
+                      std::optional<peer_id> listener_expects = {}, const mutator& mutate = {},
+                      const resumption& dialer_resume = {},
+                      const resumption& listener_resume = {}) {
     outcome result;
-    handshake dialer(dialer_identity, role::dialer, dialer_options, dialer_expects);
-    handshake listener(listener_identity, role::listener, listener_options, listener_expects);
+    const auto keeping = [](resumption resume, std::optional<resumption_ticket>& kept) {
+        resume.keep = [&kept](const resumption_ticket& ticket) {
+            REQUIRE_FALSE(kept); // once
+            kept = ticket;
+        };
+        return resume;
+    };
+    handshake dialer(dialer_identity, role::dialer, dialer_options, dialer_expects,
+                     keeping(dialer_resume, result.dialer_ticket));
+    handshake listener(listener_identity, role::listener, listener_options, listener_expects,
+                       keeping(listener_resume, result.listener_ticket));
     byte_buffer message, reply;
     REQUIRE_FALSE(listener.start(reply));
     CHECK(reply.empty());
@@ -80,6 +92,25 @@ outcome run_handshake(const identity& dialer_identity, const identity& listener_
     result.dialer.emplace(dialer.result());
     result.listener.emplace(listener.result());
     return result;
+}
+
+/// A listener's resumption that knows `ticket` alone.
+resumption knowing(const resumption_ticket& ticket) {
+    return {.find = [ticket](const ticket_id& id) -> std::optional<resumption_ticket> {
+        if (id == ticket.id) return ticket;
+        return std::nullopt;
+    }};
+}
+
+/// The tickets a full handshake leaves the dialer and the listener.
+std::pair<resumption_ticket, resumption_ticket>
+tickets_of(const identity& dialer_identity, const identity& listener_identity,
+           const secure_options& dialer_options = {}, const secure_options& listener_options = {}) {
+    auto full = run_handshake(dialer_identity, listener_identity, dialer_options, listener_options);
+    REQUIRE(full.done());
+    REQUIRE(full.dialer_ticket);
+    REQUIRE(full.listener_ticket);
+    return {*full.dialer_ticket, *full.listener_ticket};
 }
 
 /// Seals `payload` with `from` and opens it with `to`; returns the opened payload.
@@ -159,9 +190,10 @@ hash transcript(std::initializer_list<byte_view> messages) {
     return blake2b<32>({}, {all});
 }
 
-/// prk from the ephemeral secret of the side that computes it.
+/// prk from the ephemeral secret of the side that computes it; a resumed handshake's when
+/// `ticket_secret` is given.
 std::array<unsigned char, 64> prk(role side, std::uint8_t ephemeral_seed, byte_view peer_ephemeral,
-                                  byte_view swarm_key) {
+                                  byte_view swarm_key, byte_view ticket_secret = {}) {
     const auto seed = key_bytes(ephemeral_seed);
     std::array<unsigned char, 32> pk, sk, rx, tx;
     crypto_kx_seed_keypair(pk.data(), sk.data(),
@@ -175,6 +207,9 @@ std::array<unsigned char, 64> prk(role side, std::uint8_t ephemeral_seed, byte_v
     // Client tx || client rx; the server's rx is the client's tx.
     const auto& client_tx = side == role::dialer ? tx : rx;
     const auto& client_rx = side == role::dialer ? rx : tx;
+    if (!ticket_secret.empty())
+        return blake2b<64>(swarm_key, {label("resumed key material"), ticket_secret,
+                                       view(client_tx), view(client_rx)});
     return blake2b<64>(swarm_key, {label("key material"), view(client_tx), view(client_rx)});
 }
 
@@ -199,6 +234,17 @@ byte_buffer seal(const hash& k, byte_view text) {
                                               text.size(), nullptr, 0, nullptr, nonce.data(),
                                               k.data());
     return out;
+}
+
+/// seal(k, ""): the tag alone (libsodium wants a pointer even for an empty text).
+byte_buffer seal_empty(const hash& k) {
+    byte_buffer tag(16);
+    unsigned char none = 0;
+    const std::array<unsigned char, 12> nonce{};
+    crypto_aead_chacha20poly1305_ietf_encrypt_detached(
+        &none, reinterpret_cast<unsigned char*>(tag.data()), nullptr, &none, 0, nullptr, 0, nullptr,
+        nonce.data(), k.data());
+    return tag;
 }
 
 std::optional<byte_buffer> open(const hash& k, byte_view sealed) {
@@ -317,63 +363,72 @@ TEST_CASE("plaintext and secure peers do not talk", "[crypto][secure_channel]") 
 TEST_CASE("every single-bit flip of every handshake message is refused",
           "[crypto][secure_channel]") {
     const auto alice = identity_of(1), bob = identity_of(2);
-    for (const bool plaintext : {false, true}) {
-        CAPTURE(plaintext);
-        secure_options base;
-        base.plaintext = plaintext;
-        const auto dialer_options = deterministic(base, 11);
-        const auto listener_options = deterministic(base, 22);
-        const auto honest = run_handshake(alice, bob, dialer_options, listener_options);
-        REQUIRE(honest.done());
-        // Reproducible ephemeral keys: an unmodified run sends the same bytes again.
-        CHECK(run_handshake(alice, bob, dialer_options, listener_options).messages ==
-              honest.messages);
+    for (const bool plaintext : {false, true})
+        for (const bool resuming : {false, true}) {
+            CAPTURE(plaintext, resuming);
+            secure_options base;
+            base.plaintext = plaintext;
+            const auto dialer_options = deterministic(base, 11);
+            const auto listener_options = deterministic(base, 22);
+            resumption dialer_resume, listener_resume;
+            if (resuming) {
+                const auto [dialer_ticket, listener_ticket] = tickets_of(alice, bob, base, base);
+                dialer_resume.offer = dialer_ticket;
+                listener_resume = knowing(listener_ticket);
+            }
+            const auto run = [&](const mutator& mutate) {
+                return run_handshake(alice, bob, dialer_options, listener_options, {}, {}, mutate,
+                                     dialer_resume, listener_resume);
+            };
+            const auto honest = run({});
+            REQUIRE(honest.done());
+            CHECK(honest.dialer->resumed == resuming);
+            // Reproducible ephemeral keys: an unmodified run sends the same bytes again.
+            CHECK(run({}).messages == honest.messages);
 
-        std::size_t flips = 0;
-        for (std::size_t index = 0; index < 3; ++index) {
-            for (std::size_t bit = 0; bit < honest.messages[index].size() * 8; ++bit) {
-                const auto result =
-                    run_handshake(alice, bob, dialer_options, listener_options, {}, {},
-                                  [&](std::size_t at, byte_buffer& message) {
-                                      if (at == index)
-                                          message[bit / 8] ^= std::byte{
-                                              static_cast<unsigned char>(1u << (bit % 8))};
-                                  });
-                ++flips;
-                CAPTURE(index, bit);
-                REQUIRE_FALSE(result.done());
-                if (index == 0) {
-                    // The listener may not see the change (an ephemeral key bit), but then
-                    // the transcripts differ and the dialer cannot open message 2.
+            std::size_t flips = 0;
+            for (std::size_t index = 0; index < 3; ++index) {
+                for (std::size_t bit = 0; bit < honest.messages[index].size() * 8; ++bit) {
+                    const auto result = run([&](std::size_t at, byte_buffer& message) {
+                        if (at == index)
+                            message[bit / 8] ^=
+                                std::byte{static_cast<unsigned char>(1u << (bit % 8))};
+                    });
+                    ++flips;
+                    CAPTURE(index, bit);
+                    REQUIRE_FALSE(result.done());
+                    if (index == 0) {
+                        // The listener may not see the change (an ephemeral key bit, or a ticket
+                        // id bit, which makes the handshake full), but then the transcripts
+                        // differ and the dialer cannot open message 2.
+                        CHECK((result.listener_error == errc::handshake_failed ||
+                               result.dialer_error == errc::handshake_failed));
+                    } else if (index == 1) {
+                        CHECK(result.dialer_error == errc::handshake_failed);
+                    } else {
+                        CHECK(result.listener_error == errc::handshake_failed);
+                    }
+                }
+            }
+            CHECK(flips == (resuming ? 71 + 49 + 16 : 39 + 145 + 112) * 8);
+
+            // One byte short or one byte long is refused too.
+            for (std::size_t index = 0; index < 3; ++index) {
+                for (const bool longer : {false, true}) {
+                    CAPTURE(index, longer);
+                    const auto result = run([&](std::size_t at, byte_buffer& message) {
+                        if (at != index) return;
+                        if (longer)
+                            message.push_back(std::byte{0});
+                        else
+                            message.pop_back();
+                    });
+                    CHECK_FALSE(result.done());
                     CHECK((result.listener_error == errc::handshake_failed ||
                            result.dialer_error == errc::handshake_failed));
-                } else if (index == 1) {
-                    CHECK(result.dialer_error == errc::handshake_failed);
-                } else {
-                    CHECK(result.listener_error == errc::handshake_failed);
                 }
             }
         }
-        CHECK(flips == (39 + 145 + 112) * 8);
-
-        // One byte short or one byte long is refused too.
-        for (std::size_t index = 0; index < 3; ++index) {
-            for (const bool longer : {false, true}) {
-                CAPTURE(index, longer);
-                const auto result = run_handshake(alice, bob, dialer_options, listener_options, {},
-                                                  {}, [&](std::size_t at, byte_buffer& message) {
-                                                      if (at != index) return;
-                                                      if (longer)
-                                                          message.push_back(std::byte{0});
-                                                      else
-                                                          message.pop_back();
-                                                  });
-                CHECK_FALSE(result.done());
-                CHECK((result.listener_error == errc::handshake_failed ||
-                       result.dialer_error == errc::handshake_failed));
-            }
-        }
-    }
 }
 
 TEST_CASE("the handshake follows the documented key schedule", "[crypto][secure_channel]") {
@@ -424,6 +479,208 @@ TEST_CASE("the handshake follows the documented key schedule", "[crypto][secure_
         const auto suite = result.dialer->suite;
         record_opener listener_side(suite, symmetric_key(documented::view(to_listener)));
         record_opener dialer_side(suite, symmetric_key(documented::view(to_dialer)));
+        byte_buffer record;
+        REQUIRE_FALSE(result.dialer->sealer.append(hivemesh::as_bytes("up"), record));
+        CHECK_FALSE(open_one(listener_side, record));
+        record.clear();
+        REQUIRE_FALSE(result.listener->sealer.append(hivemesh::as_bytes("down"), record));
+        CHECK_FALSE(open_one(dialer_side, record));
+    }
+}
+
+TEST_CASE("a full handshake leaves both peers one ticket, and a handshake with it resumes",
+          "[crypto][secure_channel]") {
+    const auto alice = identity_of(1), bob = identity_of(2);
+    for (const bool plaintext : {false, true})
+        for (const bool with_swarm_key : {false, true}) {
+            CAPTURE(plaintext, with_swarm_key);
+            secure_options options;
+            options.plaintext = plaintext;
+            if (with_swarm_key) options.swarm_key = key_bytes(0x5F);
+            const auto [alice_ticket, bob_ticket] = tickets_of(alice, bob, options, options);
+            CHECK(alice_ticket.id == bob_ticket.id);
+            CHECK(same_bytes(alice_ticket.secret.view(), bob_ticket.secret.view()));
+            CHECK(alice_ticket.remote_key == bob.public_key());
+            CHECK(bob_ticket.remote_key == alice.public_key());
+            CHECK_FALSE(same_bytes(alice_ticket.id, alice_ticket.secret.view()));
+            // Another full handshake between the same two gives another ticket.
+            CHECK(tickets_of(alice, bob, options, options).first.id != alice_ticket.id);
+
+            // Either peer may dial with it; the listener is asked for the offered id once.
+            for (const bool alice_dials : {true, false}) {
+                CAPTURE(alice_dials);
+                const auto& dialer = alice_dials ? alice : bob;
+                const auto& listener = alice_dials ? bob : alice;
+                int asked = 0;
+                resumption listener_resume = knowing(alice_dials ? bob_ticket : alice_ticket);
+                listener_resume.find = [&, inner = listener_resume.find](const ticket_id& id) {
+                    ++asked;
+                    return inner(id);
+                };
+                auto result = run_handshake(
+                    dialer, listener, options, options, listener.id(), dialer.id(), {},
+                    {.offer = alice_dials ? alice_ticket : bob_ticket}, listener_resume);
+                REQUIRE(result.done());
+                CHECK(asked == 1);
+                CHECK(result.messages[0].size() == 71);
+                CHECK(result.messages[1].size() == 49);
+                CHECK(result.messages[2].size() == 16);
+                CHECK(result.dialer->resumed);
+                CHECK(result.listener->resumed);
+                CHECK(result.dialer->remote_id == listener.id());
+                CHECK(result.listener->remote_id == dialer.id());
+                CHECK(result.dialer->remote_key == listener.public_key());
+                CHECK_FALSE(result.dialer_ticket); // the old ticket stays
+                CHECK_FALSE(result.listener_ticket);
+                CHECK(result.dialer->suite ==
+                      (plaintext ? cipher::plaintext
+                                 : (aes256_gcm_available() ? cipher::aes256_gcm
+                                                           : cipher::chacha20_poly1305)));
+                for (const auto* text : {"up", "and up"})
+                    CHECK(same_bytes(pass(result.dialer->sealer, result.listener->opener,
+                                          hivemesh::as_bytes(text)),
+                                     hivemesh::as_bytes(text)));
+                CHECK(same_bytes(pass(result.listener->sealer, result.dialer->opener,
+                                      hivemesh::as_bytes("down")),
+                                 hivemesh::as_bytes("down")));
+            }
+        }
+}
+
+TEST_CASE("a listener that does not hold the offered ticket makes the handshake full",
+          "[crypto][secure_channel]") {
+    const auto alice = identity_of(1), bob = identity_of(2);
+    const auto [alice_ticket, bob_ticket] = tickets_of(alice, bob);
+    const auto other = tickets_of(alice, bob).second;
+    for (const bool listener_resumes : {false, true}) {
+        CAPTURE(listener_resumes);
+        // It knows another ticket, or takes none at all.
+        const resumption listener_resume = listener_resumes ? knowing(other) : resumption{};
+        const auto result = run_handshake(alice, bob, {}, {}, bob.id(), {}, {},
+                                          {.offer = alice_ticket}, listener_resume);
+        REQUIRE(result.done());
+        CHECK(result.messages[0].size() == 71);
+        CHECK(result.messages[1].size() == 145);
+        CHECK(result.messages[2].size() == 112);
+        CHECK_FALSE(result.dialer->resumed);
+        CHECK_FALSE(result.listener->resumed);
+        CHECK(result.listener->remote_id == alice.id());
+        // A new ticket, the same on both sides.
+        REQUIRE(result.dialer_ticket);
+        REQUIRE(result.listener_ticket);
+        CHECK(result.dialer_ticket->id == result.listener_ticket->id);
+        CHECK(result.dialer_ticket->id != alice_ticket.id);
+    }
+}
+
+TEST_CASE("a resumed handshake proves the ticket's secret and names the ticket's peer",
+          "[crypto][secure_channel]") {
+    const auto alice = identity_of(1), bob = identity_of(2), carol = identity_of(3);
+    const auto [alice_ticket, bob_ticket] = tickets_of(alice, bob);
+
+    SECTION("a listener whose ticket of that id has another secret") {
+        auto forged = bob_ticket;
+        forged.secret = symmetric_key(key_bytes(0x33));
+        const auto result = run_handshake(alice, bob, {}, {}, bob.id(), {}, {},
+                                          {.offer = alice_ticket}, knowing(forged));
+        CHECK(result.dialer_error == errc::handshake_failed);
+        CHECK_FALSE(result.done());
+    }
+    SECTION("a dialer whose ticket of that id has another secret") {
+        auto forged = alice_ticket;
+        forged.secret = symmetric_key(key_bytes(0x33));
+        const auto result = run_handshake(alice, bob, {}, {}, bob.id(), {}, {}, {.offer = forged},
+                                          knowing(bob_ticket));
+        CHECK(result.dialer_error == errc::handshake_failed);
+        CHECK_FALSE(result.done());
+    }
+    SECTION("carol cannot resume alice's ticket, even knowing its id") {
+        const auto result = run_handshake(
+            carol, bob, {}, {}, {}, {}, {},
+            {.offer = resumption_ticket{alice_ticket.id, symmetric_key(key_bytes(0x44)),
+                                        bob.public_key()}},
+            knowing(bob_ticket));
+        CHECK(result.dialer_error == errc::handshake_failed);
+        CHECK_FALSE(result.done());
+    }
+    SECTION("a listener expecting another peer") {
+        const auto result = run_handshake(alice, bob, {}, {}, bob.id(), carol.id(), {},
+                                          {.offer = alice_ticket}, knowing(bob_ticket));
+        CHECK(result.listener_error == errc::peer_id_mismatch);
+    }
+    SECTION("the swarm key is mixed in") {
+        secure_options keyed;
+        keyed.swarm_key = key_bytes(0x5F);
+        const auto result = run_handshake(alice, bob, keyed, {}, bob.id(), {}, {},
+                                          {.offer = alice_ticket}, knowing(bob_ticket));
+        CHECK(result.dialer_error == errc::handshake_failed);
+    }
+    SECTION("a resumed reply to a dialer that offered no ticket") {
+        const auto resumed =
+            run_handshake(alice, bob, deterministic({}, 1), deterministic({}, 2), {}, {}, {},
+                          {.offer = alice_ticket}, knowing(bob_ticket));
+        REQUIRE(resumed.done());
+        handshake dialer(alice, role::dialer, deterministic({}, 1));
+        byte_buffer hello, out;
+        REQUIRE_FALSE(dialer.start(hello));
+        CHECK(dialer.on_message(resumed.messages[1], out) == errc::handshake_failed);
+    }
+    SECTION("a ticket is offered only by a dialer, and only for the peer it names") {
+        CHECK_THROWS_AS(handshake(alice, role::dialer, {}, carol.id(), {.offer = alice_ticket}),
+                        std::invalid_argument);
+        CHECK_THROWS_AS(handshake(bob, role::listener, {}, {}, {.offer = bob_ticket}),
+                        std::invalid_argument);
+    }
+}
+
+TEST_CASE("a resumed handshake follows the documented key schedule", "[crypto][secure_channel]") {
+    const auto alice = identity_of(1), bob = identity_of(2);
+    for (const bool with_swarm_key : {false, true}) {
+        CAPTURE(with_swarm_key);
+        secure_options options;
+        if (with_swarm_key) options.swarm_key = key_bytes(0x5F);
+        const byte_view swarm = with_swarm_key ? byte_view(*options.swarm_key) : byte_view{};
+
+        // The full handshake's ticket: id and secret from its prk and th4.
+        const auto full =
+            run_handshake(alice, bob, deterministic(options, 1), deterministic(options, 2));
+        REQUIRE(full.done());
+        const auto full_prk =
+            documented::prk(role::dialer, 1, byte_view(full.messages[1]).subspan(1, 32), swarm);
+        const auto full_th4 =
+            documented::transcript({full.messages[0], full.messages[1], full.messages[2]});
+        REQUIRE(full.dialer_ticket);
+        REQUIRE(full.listener_ticket);
+        const auto& ticket = *full.dialer_ticket;
+        CHECK(same_bytes(
+            ticket.id, documented::view(documented::key(full_prk, "resumption ticket", full_th4))));
+        const auto secret = documented::key(full_prk, "resumption secret", full_th4);
+        CHECK(same_bytes(ticket.secret.view(), documented::view(secret)));
+
+        auto result =
+            run_handshake(alice, bob, deterministic(options, 3), deterministic(options, 4), {}, {},
+                          {}, {.offer = ticket}, knowing(*full.listener_ticket));
+        REQUIRE(result.done());
+        const byte_view m1 = result.messages[0], m2 = result.messages[1], m3 = result.messages[2];
+        CHECK(same_bytes(m1.subspan(39), ticket.id));
+        const auto suite = result.dialer->suite;
+        CHECK(static_cast<std::uint8_t>(m2[0]) == (static_cast<std::uint8_t>(suite) | 0x80));
+        const auto prk =
+            documented::prk(role::dialer, 3, m2.subspan(1, 32), swarm, documented::view(secret));
+        CHECK(prk == documented::prk(role::listener, 4, m1.subspan(7, 32), swarm,
+                                     documented::view(secret)));
+        const auto th2 = documented::transcript({m1, m2.first(33)});
+        CHECK(same_bytes(m2.subspan(33), documented::seal_empty(documented::key(
+                                             prk, "resumed listener handshake", th2))));
+        const auto th3 = documented::transcript({m1, m2});
+        CHECK(same_bytes(
+            m3, documented::seal_empty(documented::key(prk, "resumed dialer handshake", th3))));
+
+        const auto th4 = documented::transcript({m1, m2, m3});
+        record_opener listener_side(suite, symmetric_key(documented::view(
+                                               documented::key(prk, "dialer to listener", th4))));
+        record_opener dialer_side(suite, symmetric_key(documented::view(
+                                             documented::key(prk, "listener to dialer", th4))));
         byte_buffer record;
         REQUIRE_FALSE(result.dialer->sealer.append(hivemesh::as_bytes("up"), record));
         CHECK_FALSE(open_one(listener_side, record));

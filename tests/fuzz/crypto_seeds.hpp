@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace hivemesh::fuzz {
 
@@ -28,6 +29,36 @@ inline std::array<std::byte, 32> filled(std::uint8_t value) {
 
 inline crypto::symmetric_key record_key() {
     return crypto::symmetric_key(filled(record_key_byte));
+}
+
+/// fuzz_handshake's ticket, when its selector's bit 4 is set: id and secret 32 bytes of these.
+inline constexpr std::uint8_t ticket_id_byte = 0x44, ticket_secret_byte = 0x55;
+
+/// The fixed ticket, naming `remote` (the other fixed peer) as the one who holds it sees it.
+inline crypto::resumption_ticket fixed_ticket(const crypto::identity& remote) {
+    crypto::resumption_ticket ticket;
+    ticket.id.fill(std::byte{ticket_id_byte});
+    ticket.secret = crypto::symmetric_key(filled(ticket_secret_byte));
+    ticket.remote_key = remote.public_key();
+    return ticket;
+}
+
+/// What fuzz_handshake's selector bit 4 gives each side: the dialer offers the fixed ticket
+/// (naming `remote`, the listener) and the listener finds it (naming `remote`, the dialer).
+inline crypto::resumption resumption_for(std::uint8_t selector, crypto::role side,
+                                         const crypto::identity& remote) {
+    crypto::resumption resume;
+    if ((selector & 16) == 0) return resume;
+    const auto ticket = fixed_ticket(remote);
+    if (side == crypto::role::dialer)
+        resume.offer = ticket;
+    else
+        resume.find =
+            [ticket](const crypto::ticket_id& id) -> std::optional<crypto::resumption_ticket> {
+            if (id == ticket.id) return ticket;
+            return std::nullopt;
+        };
+    return resume;
 }
 
 /// The handshake options that fuzz_handshake's selector byte picks (bit 2 plaintext, bit 3

@@ -71,19 +71,24 @@ void write_record_corpus(const std::filesystem::path& dir) {
     }
 }
 
-// Valid messages 1, 2 and 3 between the fixed peers, for every selector's options.
+// Valid messages 1, 2 and 3 between the fixed peers, for every selector's options (with
+// bit 4, the resumed handshake's).
 void write_handshake_corpus(const std::filesystem::path& dir) {
     using namespace hivemesh::crypto;
     const auto dialer_identity = identity::from_seed(filled(dialer_seed));
     const auto listener_identity = identity::from_seed(filled(listener_seed));
-    for (std::uint8_t flags : {0, 4, 8, 12}) {
-        handshake dialer(dialer_identity, role::dialer, options_for(flags, dialer_ephemeral_seed));
+    for (std::uint8_t flags : {0, 4, 8, 12, 16, 20, 24, 28}) {
+        handshake dialer(dialer_identity, role::dialer, options_for(flags, dialer_ephemeral_seed),
+                         std::nullopt, resumption_for(flags, role::dialer, listener_identity));
         handshake listener(listener_identity, role::listener,
-                           options_for(flags, listener_ephemeral_seed));
+                           options_for(flags, listener_ephemeral_seed), std::nullopt,
+                           resumption_for(flags, role::listener, dialer_identity));
         hivemesh::byte_buffer hello, reply, finish, none;
         if (dialer.start(hello) || listener.on_message(hello, reply) ||
             dialer.on_message(reply, finish) || listener.on_message(finish, none))
             throw std::runtime_error("make_corpus: the fixed handshake failed");
+        if (listener.resumed() != ((flags & 16) != 0))
+            throw std::runtime_error("make_corpus: the fixed ticket did not resume");
         const auto suffix = "_" + std::to_string(flags);
         write_file(dir / ("hello" + suffix), with_selector(flags, hello));
         write_file(dir / ("reply" + suffix),

@@ -528,6 +528,75 @@ TEMPLATE_TEST_CASE("idle connections are closed", "[net][rpc]", sim_world, tcp_w
     CHECK_FALSE(call(world, *client.node, server.peer(), "echo", {}).ec);
 }
 
+TEMPLATE_TEST_CASE("peers that met resume their handshakes, dialing either way, until the "
+                   "ticket expires",
+                   "[net][rpc]", sim_world, tcp_world) {
+    TestType world;
+    net::node_options options;
+    options.idle_timeout = 100ms;
+    options.resumption_lifetime = 1500ms;
+    host<TestType> server(world, 1, options), client(world, 2, options);
+    add_echo(server);
+    add_echo(client);
+    const auto resumed = [](host<TestType>& h) { return h.node->statistics().handshakes_resumed; };
+    // One call on a fresh connection, once the last one closed on both sides.
+    const auto call_fresh = [&](host<TestType>& from, host<TestType>& to) {
+        REQUIRE(world.run_until([&] {
+            return from.node->connection_count() == 0 && to.node->connection_count() == 0;
+        }));
+        const auto outcome = call(world, *from.node, to.peer(), "echo", random_bytes(5, 5));
+        CHECK_FALSE(outcome.ec);
+        CHECK(outcome.response == random_bytes(5, 5));
+    };
+
+    const time_point met = world.now();
+    call_fresh(client, server);
+    CHECK(resumed(client) == 0);
+    CHECK(resumed(server) == 0);
+    call_fresh(client, server);
+    CHECK(resumed(client) == 1);
+    CHECK(resumed(server) == 1);
+    call_fresh(server, client); // the listener of the full handshake dials with its ticket
+    CHECK(resumed(client) == 2);
+    CHECK(resumed(server) == 2);
+    CHECK(client.node->statistics().handshakes_completed == 3);
+    CHECK(server.node->statistics().handshakes_completed == 3);
+
+    // Past the lifetime the next handshake is full, and it leaves a new ticket.
+    REQUIRE(world.run_until([&] { return world.now() - met > 1600ms; }));
+    call_fresh(client, server);
+    CHECK(resumed(client) == 2);
+    call_fresh(client, server);
+    CHECK(resumed(client) == 3);
+    CHECK(resumed(server) == 3);
+
+    // A server restarted with the same identity holds no tickets: the client's offer gets a
+    // full handshake, and the call succeeds.
+    REQUIRE(world.run_until([&] { return client.node->connection_count() == 0; }));
+    server.node.reset();
+    world.settle();
+    server.node = std::make_unique<typename host<TestType>::node_type>(server.transport,
+                                                                       identity_of(1), options);
+    world.listen_at(*server.node, server.transport, server.endpoint);
+    add_echo(server);
+    call_fresh(client, server);
+    CHECK(resumed(client) == 3);
+    CHECK(resumed(server) == 0);
+    call_fresh(client, server);
+    CHECK(resumed(client) == 4);
+
+    // With a lifetime of 0 a node neither offers nor accepts tickets.
+    net::node_options never = options;
+    never.resumption_lifetime = duration::zero();
+    host<TestType> other(world, 3, never);
+    add_echo(other);
+    call_fresh(other, server);
+    call_fresh(other, server);
+    call_fresh(server, other);
+    CHECK(resumed(other) == 0);
+    CHECK(resumed(server) == 1); // the server's offer got a full handshake
+}
+
 TEMPLATE_TEST_CASE("max_connections closes the least recently used idle connection", "[net][rpc]",
                    sim_world, tcp_world) {
     TestType world;

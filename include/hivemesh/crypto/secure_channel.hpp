@@ -5,7 +5,7 @@
 // Handshake (dialer D, listener L; integers little-endian; fixed sizes, parsed exactly):
 //   1. D->L hello  (39 bytes): u32 magic "HMSH" | u8 version 1 | u8 mode (0 secure,
 //      1 plaintext) | u8 cipher mask (bit 0 ChaCha20-Poly1305, mandatory; bit 1 AES-256-GCM;
-//      unknown bits ignored) | D's ephemeral X25519 key (32)
+//      unknown bits ignored) | D's ephemeral X25519 key (32) [| ticket id (32), see below]
 //   2. L->D reply (145 bytes): u8 chosen cipher (0 plaintext, 1 ChaCha20-Poly1305,
 //      2 AES-256-GCM) | L's ephemeral key (32) | seal(k_L, L's Ed25519 key (32) | sig_L (64))
 //   3. D->L finish (112 bytes): seal(k_D, D's Ed25519 key (32) | sig_D (64))
@@ -26,6 +26,22 @@
 // Every failure is errc::handshake_failed (garbage, wrong magic/version/mode, bad key, bad
 // tag, bad signature) except errc::peer_id_mismatch (authenticated, but not the expected
 // peer), so a caller has one code to count and penalise.
+//
+// Resumption. A full handshake leaves both peers a ticket: id = key("resumption ticket",
+// th4) and secret = key("resumption secret", th4), bound to both identities. A dialer that
+// holds one for the peer appends its id to message 1 (71 bytes; the id travels in the clear,
+// so it links the connections of one pair of peers, as their addresses do). A listener that
+// has that ticket answers with 2' and 3' below, which skip the signatures (sign and verify
+// are over half of a full handshake's CPU); one that has not answers message 2, and the
+// handshake is full (the id stays in the transcript):
+//   2'. L->D reply (49 bytes): u8 (chosen cipher | 0x80) | L's ephemeral key | seal(k_L, "")
+//   3'. D->L finish (16 bytes): seal(k_D, "")
+// with prk = BLAKE2b-512(key = swarm key if any, L("resumed key material") | ticket secret
+// | client tx | client rx), k_L = key("resumed listener handshake", th2) and k_D =
+// key("resumed dialer handshake", th3), th3 = th2 + the reply's tag. A tag proves that its
+// sender holds the secret, so the peer is who the ticket says. The ephemeral keys are fresh,
+// so a resumed session keeps forward secrecy; its traffic keys are derived as above, and it
+// keeps the old ticket.
 //
 // Records: u32 length of what follows | seal(type byte | payload) | 16-byte tag. The length
 // header is the AEAD associated data; the nonce is the 64-bit record counter (little-endian,
@@ -50,6 +66,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <span>
@@ -160,6 +177,9 @@ inline constexpr std::size_t identity_payload_size = public_key::size + signatur
 inline constexpr std::size_t sealed_identity_size = identity_payload_size + record_tag_size;
 inline constexpr std::size_t reply_size = 1 + ephemeral_key_size + sealed_identity_size;
 inline constexpr std::size_t finish_size = sealed_identity_size;
+inline constexpr std::size_t ticket_id_size = 32;
+inline constexpr std::size_t resuming_hello_size = hello_size + ticket_id_size;
+inline constexpr std::uint8_t reply_resumed_flag = 0x80;
 
 // Domain labels: every hash and signature says what it is for.
 inline constexpr std::string_view label_transcript = "hivemesh/secure/v1 transcript";
@@ -175,6 +195,14 @@ inline constexpr std::string_view label_listener_signature =
     "hivemesh/secure/v1 listener signature";
 inline constexpr std::string_view label_dialer_signature = "hivemesh/secure/v1 dialer signature";
 inline constexpr std::string_view label_key_update = "hivemesh/secure/v1 key update";
+inline constexpr std::string_view label_resumption_ticket = "hivemesh/secure/v1 resumption ticket";
+inline constexpr std::string_view label_resumption_secret = "hivemesh/secure/v1 resumption secret";
+inline constexpr std::string_view label_resumed_key_material =
+    "hivemesh/secure/v1 resumed key material";
+inline constexpr std::string_view label_resumed_listener_handshake =
+    "hivemesh/secure/v1 resumed listener handshake";
+inline constexpr std::string_view label_resumed_dialer_handshake =
+    "hivemesh/secure/v1 resumed dialer handshake";
 
 using transcript_hash = std::array<unsigned char, 32>;
 
@@ -403,6 +431,29 @@ private:
     std::error_code ec_;
 };
 
+/// The id of a resumption ticket, sent in the clear when the ticket is offered.
+using ticket_id = std::array<std::byte, detail::ticket_id_size>;
+
+/// What a full handshake leaves both peers so that a later handshake between them can
+/// resume: skip the signatures and prove the shared secret instead (see the file comment).
+/// Either peer may offer it when it dials the other.
+struct resumption_ticket {
+    ticket_id id{};
+    symmetric_key secret;
+    crypto::public_key remote_key; ///< the other peer's proven key
+};
+
+/// How a handshake may resume. A dialer sets `offer` to the ticket it holds for the peer it
+/// expects; a listener sets `find`, which returns the ticket of an offered id if it has it.
+/// Either side's `keep` receives the new ticket when a full handshake completes. Each is
+/// called at most once, from on_message, and what one throws leaves on_message. None set:
+/// every handshake is full.
+struct resumption {
+    std::optional<resumption_ticket> offer = {};
+    std::function<std::optional<resumption_ticket>(const ticket_id&)> find = {};
+    std::function<void(const resumption_ticket&)> keep = {};
+};
+
 /// What a completed handshake yields.
 struct secure_session {
     cipher suite;
@@ -410,6 +461,7 @@ struct secure_session {
     record_opener opener; ///< the peer's direction
     crypto::public_key remote_key;
     peer_id remote_id;
+    bool resumed = false; ///< whether the handshake resumed a ticket
 };
 
 /// One side of the handshake as a state machine over whole messages. The caller moves
@@ -424,6 +476,7 @@ struct secure_session {
 /// authenticated peer is not the expected one. The first error is sticky and wipes the
 /// secrets. Calling a step out of turn throws std::logic_error.
 /// `self` must outlive the handshake. Not copyable or movable (it holds secrets).
+/// With `resume` (see resumption), messages 2 and 3 may be the shorter 2' and 3'.
 class handshake {
 public:
     /// Handshake messages are far smaller; transports refuse longer frames unread.
@@ -431,9 +484,11 @@ public:
 
     /// `expected_remote`: the PeerId the peer must prove (a dialer normally knows it; a
     /// listener usually passes none and accepts any authenticated peer).
-    /// Throws std::invalid_argument for invalid options.
+    /// Throws std::invalid_argument for invalid options, or for a ticket offered by a
+    /// listener or for another peer than `expected_remote`.
     HIVEMESH_DECL handshake(const identity& self, role r, const secure_options& options = {},
-                            std::optional<peer_id> expected_remote = std::nullopt);
+                            std::optional<peer_id> expected_remote = std::nullopt,
+                            resumption resume = {});
     handshake(const handshake&) = delete;
     handshake& operator=(const handshake&) = delete;
     ~handshake() { wipe(); }
@@ -463,6 +518,11 @@ public:
         require_done();
         return suite_;
     }
+    /// After done(): whether the handshake resumed with a ticket.
+    bool resumed() const {
+        require_done();
+        return resuming_;
+    }
 
     /// After done(): the record sealer and opener of the session. Call once.
     HIVEMESH_DECL secure_session result();
@@ -485,9 +545,10 @@ private:
 
     HIVEMESH_DECL detail::transcript_hash snapshot() const noexcept;
 
-    /// prk = BLAKE2b-512(key = swarm key, "key material" || client tx || client rx).
-    HIVEMESH_DECL void derive_prk(const unsigned char* client_tx,
-                                  const unsigned char* client_rx) noexcept;
+    /// Runs crypto_kx with the peer's ephemeral key (false for a low-order one) and sets
+    /// prk = BLAKE2b-512(key = swarm key, "key material" | client tx | client rx), or when
+    /// resuming, "resumed key material" | ticket secret | client tx | client rx.
+    HIVEMESH_DECL bool derive_prk(byte_view remote_ephemeral) noexcept;
 
     /// What a signature covers: its role label, the transcript hash and the signer's key.
     HIVEMESH_DECL static byte_buffer signed_content(std::string_view label,
@@ -504,7 +565,16 @@ private:
                                                        std::string_view label,
                                                        const detail::transcript_hash& th);
 
-    HIVEMESH_DECL void derive_traffic_keys() noexcept;
+    /// The traffic keys; after a full handshake, the new ticket for resumption::keep (what
+    /// keep throws leaves on_message).
+    HIVEMESH_DECL void derive_traffic_keys();
+
+    /// Appends seal(key, "") to `out`: a resumed handshake's proof of the secret.
+    HIVEMESH_DECL static void append_confirmation(const symmetric_key& key, byte_buffer& out);
+    HIVEMESH_DECL static bool open_confirmation(const symmetric_key& key, byte_view tag) noexcept;
+
+    /// The resumed handshake's identity step: the peer is the ticket's (or peer_id_mismatch).
+    HIVEMESH_DECL std::error_code adopt_ticket_identity();
 
     // Listener: message 1 in, message 2 out.
     HIVEMESH_DECL std::error_code on_hello(byte_view message, byte_buffer& out);
@@ -526,6 +596,9 @@ private:
     role role_;
     secure_options options_;
     std::optional<peer_id> expected_;
+    resumption resume_;
+    bool resuming_ = false;
+    resumption_ticket ticket_; ///< the one resuming
     state state_;
     std::error_code error_;
     bool taken_ = false;

@@ -17,6 +17,7 @@
 #include "hivemesh/net/rate_limit.hpp"
 #include "hivemesh/net/rpc_wire.hpp"
 #include "hivemesh/net/secure_stream.hpp"
+#include "hivemesh/net/ticket_store.hpp"
 #include "hivemesh/net/transport.hpp"
 
 #include <asio/async_result.hpp>
@@ -85,6 +86,13 @@ struct node_options {
     /// otherwise (a negative, non-finite or tiny rate).
     double max_upload_rate = 0;
     double max_download_rate = 0;
+    /// How long after a full handshake with a peer a later connection between the two,
+    /// dialed by either, may resume: its handshake proves the ticket's secret instead of
+    /// signing (see crypto/secure_channel.hpp; about half the CPU of a full one). 0: every
+    /// handshake is full.
+    duration resumption_lifetime = std::chrono::hours(1);
+    /// Tickets kept at most, one per peer (about 300 bytes each).
+    std::size_t max_resumption_tickets = 1024;
 };
 
 /// What is wrong with `options`' rate caps, naming the field ("max_upload_rate: ..."), or
@@ -100,10 +108,12 @@ inline std::string rate_limit_error(const node_options& options) {
 
 /// Counters and current figures of a node, for monitoring and tests.
 struct node_statistics {
-    std::uint64_t accept_errors = 0;       ///< accepts that failed (e.g. out of descriptors)
-    std::uint64_t handshakes_refused = 0;  ///< connections closed at max_pending_handshakes
-    std::size_t pending_handshakes = 0;    ///< incoming connections in their handshake now
-    std::uint64_t connections_refused = 0; ///< closed after the handshake: peer at its cap
+    std::uint64_t accept_errors = 0;        ///< accepts that failed (e.g. out of descriptors)
+    std::uint64_t handshakes_refused = 0;   ///< connections closed at max_pending_handshakes
+    std::size_t pending_handshakes = 0;     ///< incoming connections in their handshake now
+    std::uint64_t connections_refused = 0;  ///< closed after the handshake: peer at its cap
+    std::uint64_t handshakes_completed = 0; ///< secure handshakes done, either side
+    std::uint64_t handshakes_resumed = 0;   ///< of those, the ones that resumed a ticket
     /// Streams peers opened past mux_options::max_streams (reset with `refused`), on every
     /// connection so far, closed ones included.
     std::uint64_t streams_refused = 0;
@@ -459,6 +469,9 @@ private:
             , options(std::move(opts))
             , upload(detail::make_bucket(options.max_upload_rate))
             , download(detail::make_bucket(options.max_download_rate))
+            , tickets(options.resumption_lifetime > duration::zero()
+                          ? options.max_resumption_tickets
+                          : 0)
             , sweep_timer(executor) {}
 
         Transport& transport;
@@ -468,6 +481,7 @@ private:
         /// The rate caps' buckets, shared by every connection (none: no cap).
         std::shared_ptr<detail::token_bucket> upload;
         std::shared_ptr<detail::token_bucket> download;
+        detail::ticket_store tickets;
         std::vector<std::shared_ptr<listening>> listeners;
         node_statistics statistics; ///< the counters; the current figures are computed
         std::unordered_map<crypto::peer_id, std::vector<pooled_connection>> connections;

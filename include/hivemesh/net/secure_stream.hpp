@@ -88,13 +88,15 @@ public:
     /// The dialer succeeds once it has sent message 3; should the listener refuse that,
     /// the dialer's next read() reports the connection ending (connection_truncated).
     /// Call once; throws std::logic_error on a second call.
+    /// `resume` may let it resume (see crypto::resumption).
     asio::awaitable<std::error_code> handshake(crypto::role r, const crypto::identity& self,
                                                std::optional<crypto::peer_id> expected = {},
-                                               crypto::secure_options options = {}) {
+                                               crypto::secure_options options = {},
+                                               crypto::resumption resume = {}) {
         if (state_ != state::fresh)
             throw std::logic_error("hivemesh::net::secure_stream::handshake called twice");
         state_ = state::handshaking;
-        auto ec = co_await run_handshake(r, self, expected, options);
+        auto ec = co_await run_handshake(r, self, expected, options, std::move(resume));
         if (ec) {
             state_ = state::failed;
             read_error_ = write_error_ = ec;
@@ -116,6 +118,11 @@ public:
     crypto::cipher cipher() const {
         require_established();
         return session_->suite;
+    }
+    /// After a successful handshake: whether it resumed a ticket.
+    bool resumed() const {
+        require_established();
+        return session_->resumed;
     }
 
     /// Sends each message as one record; all records of the call are sealed into one
@@ -310,8 +317,9 @@ private:
 
     asio::awaitable<std::error_code> run_handshake(crypto::role r, const crypto::identity& self,
                                                    std::optional<crypto::peer_id> expected,
-                                                   const crypto::secure_options& options) {
-        crypto::handshake exchange(self, r, options, expected);
+                                                   const crypto::secure_options& options,
+                                                   crypto::resumption resume) {
+        crypto::handshake exchange(self, r, options, expected, std::move(resume));
         byte_buffer outgoing;
         auto ec = exchange.start(outgoing);
         if (!ec && !outgoing.empty()) ec = co_await write_frame(outgoing);

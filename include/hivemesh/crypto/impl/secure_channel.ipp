@@ -277,12 +277,18 @@ HIVEMESH_DECL std::error_code record_opener::check_length(std::uint32_t length) 
 }
 
 HIVEMESH_DECL handshake::handshake(const identity& self, role r, const secure_options& options,
-                                   std::optional<peer_id> expected_remote)
+                                   std::optional<peer_id> expected_remote, resumption resume)
     : self_(self)
     , role_(r)
     , options_(options)
-    , expected_(expected_remote) {
+    , expected_(expected_remote)
+    , resume_(std::move(resume)) {
     detail::validate(options_);
+    if (resume_.offer && r == role::listener)
+        throw std::invalid_argument("hivemesh::crypto::handshake: a listener offers no ticket");
+    if (resume_.offer && expected_ && resume_.offer->remote_key.id() != *expected_)
+        throw std::invalid_argument(
+            "hivemesh::crypto::handshake: the ticket offered is for another peer");
     ensure_sodium_initialized();
     if (options_.ephemeral_seed_for_testing)
         crypto_kx_seed_keypair(ephemeral_public_.data(), ephemeral_secret_.data(),
@@ -305,6 +311,7 @@ HIVEMESH_DECL std::error_code handshake::start(byte_buffer& out) {
     writer.write(options_.plaintext ? detail::mode_plaintext : detail::mode_secure);
     writer.write(offered_ciphers());
     writer.write_bytes(as_view(ephemeral_public_));
+    if (resume_.offer) writer.write_bytes(resume_.offer->id);
     detail::hash_bytes(transcript_, out);
     state_ = state::dialer_awaiting_reply;
     return {};
@@ -337,9 +344,12 @@ HIVEMESH_DECL secure_session handshake::result() {
     taken_ = true;
     const bool dialer = role_ == role::dialer;
     secure_session session{
-        suite_, record_sealer(suite_, dialer ? dialer_to_listener_ : listener_to_dialer_, options_),
+        suite_,
+        record_sealer(suite_, dialer ? dialer_to_listener_ : listener_to_dialer_, options_),
         record_opener(suite_, dialer ? listener_to_dialer_ : dialer_to_listener_, options_),
-        remote_key_, remote_id_};
+        remote_key_,
+        remote_id_,
+        resuming_};
     wipe();
     return session;
 }
@@ -357,17 +367,37 @@ HIVEMESH_DECL detail::transcript_hash handshake::snapshot() const noexcept {
     return th;
 }
 
-HIVEMESH_DECL void handshake::derive_prk(const unsigned char* client_tx,
-                                         const unsigned char* client_rx) noexcept {
-    crypto_generichash_state state;
-    const auto& swarm = options_.swarm_key;
-    crypto_generichash_init(&state, swarm ? detail::uchars(swarm->data()) : nullptr,
-                            swarm ? swarm->size() : 0, prk_.size());
-    detail::hash_label(state, detail::label_key_material);
-    crypto_generichash_update(&state, client_tx, crypto_kx_SESSIONKEYBYTES);
-    crypto_generichash_update(&state, client_rx, crypto_kx_SESSIONKEYBYTES);
-    crypto_generichash_final(&state, prk_.data(), prk_.size());
-    sodium_memzero(&state, sizeof state);
+HIVEMESH_DECL bool handshake::derive_prk(byte_view remote_ephemeral) noexcept {
+    std::array<unsigned char, crypto_kx_SESSIONKEYBYTES> rx, tx;
+    const auto* remote = detail::uchars(remote_ephemeral.data());
+    const int kx =
+        role_ == role::dialer
+            ? crypto_kx_client_session_keys(rx.data(), tx.data(), ephemeral_public_.data(),
+                                            ephemeral_secret_.data(), remote)
+            : crypto_kx_server_session_keys(rx.data(), tx.data(), ephemeral_public_.data(),
+                                            ephemeral_secret_.data(), remote);
+    if (kx == 0) {
+        // The client's tx is the server's rx.
+        const auto& client_tx = role_ == role::dialer ? tx : rx;
+        const auto& client_rx = role_ == role::dialer ? rx : tx;
+        crypto_generichash_state state;
+        const auto& swarm = options_.swarm_key;
+        crypto_generichash_init(&state, swarm ? detail::uchars(swarm->data()) : nullptr,
+                                swarm ? swarm->size() : 0, prk_.size());
+        if (resuming_) {
+            detail::hash_label(state, detail::label_resumed_key_material);
+            crypto_generichash_update(&state, ticket_.secret.data(), symmetric_key::size);
+        } else {
+            detail::hash_label(state, detail::label_key_material);
+        }
+        crypto_generichash_update(&state, client_tx.data(), client_tx.size());
+        crypto_generichash_update(&state, client_rx.data(), client_rx.size());
+        crypto_generichash_final(&state, prk_.data(), prk_.size());
+        sodium_memzero(&state, sizeof state);
+    }
+    sodium_memzero(rx.data(), rx.size());
+    sodium_memzero(tx.data(), tx.size());
+    return kx == 0; // else a low-order ephemeral key
 }
 
 HIVEMESH_DECL byte_buffer handshake::signed_content(std::string_view label,
@@ -418,10 +448,43 @@ HIVEMESH_DECL std::error_code handshake::open_sealed_identity(const symmetric_ke
     return {};
 }
 
-HIVEMESH_DECL void handshake::derive_traffic_keys() noexcept {
+HIVEMESH_DECL void handshake::derive_traffic_keys() {
     const auto th4 = snapshot();
     dialer_to_listener_ = detail::derive_key(prk_, detail::label_dialer_to_listener, th4);
     listener_to_dialer_ = detail::derive_key(prk_, detail::label_listener_to_dialer, th4);
+    if (resuming_ || !resume_.keep) return;
+    resumption_ticket ticket;
+    const auto id = detail::derive_key(prk_, detail::label_resumption_ticket, th4);
+    std::memcpy(ticket.id.data(), id.data(), ticket.id.size());
+    ticket.secret = detail::derive_key(prk_, detail::label_resumption_secret, th4);
+    ticket.remote_key = remote_key_;
+    resume_.keep(ticket);
+}
+
+HIVEMESH_DECL void handshake::append_confirmation(const symmetric_key& key, byte_buffer& out) {
+    binary_writer writer(out);
+    std::byte* tag = writer.grow(detail::record_tag_size);
+    const std::array<unsigned char, crypto_aead_chacha20poly1305_ietf_NPUBBYTES> nonce{};
+    unsigned char none = 0; // libsodium wants pointers even for empty texts
+    crypto_aead_chacha20poly1305_ietf_encrypt_detached(&none, detail::uchars(tag), nullptr, &none,
+                                                       0, nullptr, 0, nullptr, nonce.data(),
+                                                       key.data());
+}
+
+HIVEMESH_DECL bool handshake::open_confirmation(const symmetric_key& key, byte_view tag) noexcept {
+    const std::array<unsigned char, crypto_aead_chacha20poly1305_ietf_NPUBBYTES> nonce{};
+    unsigned char none = 0;
+    return tag.size() == detail::record_tag_size &&
+           crypto_aead_chacha20poly1305_ietf_decrypt_detached(&none, nullptr, &none, 0,
+                                                              detail::uchars(tag.data()), nullptr,
+                                                              0, nonce.data(), key.data()) == 0;
+}
+
+HIVEMESH_DECL std::error_code handshake::adopt_ticket_identity() {
+    remote_key_ = ticket_.remote_key;
+    remote_id_ = remote_key_.id();
+    if (expected_ && *expected_ != remote_id_) return errc::peer_id_mismatch;
+    return {};
 }
 
 HIVEMESH_DECL std::error_code handshake::on_hello(byte_view message, byte_buffer& out) {
@@ -431,6 +494,8 @@ HIVEMESH_DECL std::error_code handshake::on_hello(byte_view message, byte_buffer
     const auto mode = reader.read<std::uint8_t>();
     const auto ciphers = reader.read<std::uint8_t>();
     const byte_view dialer_ephemeral = reader.read_bytes(detail::ephemeral_key_size);
+    const bool offers_ticket = message.size() == detail::resuming_hello_size;
+    const byte_view offered = reader.read_bytes(offers_ticket ? detail::ticket_id_size : 0);
     if (reader.finish() || magic != detail::handshake_magic ||
         version != detail::handshake_version ||
         mode != (options_.plaintext ? detail::mode_plaintext : detail::mode_secure) ||
@@ -443,22 +508,30 @@ HIVEMESH_DECL std::error_code handshake::on_hello(byte_view message, byte_buffer
     else
         suite_ = cipher::chacha20_poly1305;
 
-    // Server rx = client tx, server tx = client rx.
-    std::array<unsigned char, crypto_kx_SESSIONKEYBYTES> rx, tx;
-    const int kx = crypto_kx_server_session_keys(rx.data(), tx.data(), ephemeral_public_.data(),
-                                                 ephemeral_secret_.data(),
-                                                 detail::uchars(dialer_ephemeral.data()));
-    if (kx == 0) derive_prk(rx.data(), tx.data());
-    sodium_memzero(rx.data(), rx.size());
-    sodium_memzero(tx.data(), tx.size());
-    if (kx != 0) return errc::handshake_failed; // a low-order ephemeral key
+    if (offers_ticket && resume_.find) {
+        ticket_id id;
+        std::memcpy(id.data(), offered.data(), id.size());
+        if (auto found = resume_.find(id)) {
+            ticket_ = std::move(*found);
+            resuming_ = true;
+        }
+    }
+    if (!derive_prk(dialer_ephemeral)) return errc::handshake_failed;
 
     detail::hash_bytes(transcript_, message);
     binary_writer writer(out);
-    writer.write(static_cast<std::uint8_t>(suite_));
+    writer.write(static_cast<std::uint8_t>(static_cast<std::uint8_t>(suite_) |
+                                           (resuming_ ? detail::reply_resumed_flag : 0)));
     writer.write_bytes(as_view(ephemeral_public_));
     detail::hash_bytes(transcript_, out);
     const auto th2 = snapshot();
+    if (resuming_) {
+        append_confirmation(detail::derive_key(prk_, detail::label_resumed_listener_handshake, th2),
+                            out);
+        detail::hash_bytes(transcript_, byte_view(out).subspan(1 + detail::ephemeral_key_size));
+        state_ = state::listener_awaiting_finish;
+        return {};
+    }
     const auto key = detail::derive_key(prk_, detail::label_listener_handshake, th2);
     append_sealed_identity(key, detail::label_listener_signature, th2, out);
     detail::hash_bytes(transcript_, byte_view(out).subspan(1 + detail::ephemeral_key_size));
@@ -468,10 +541,13 @@ HIVEMESH_DECL std::error_code handshake::on_hello(byte_view message, byte_buffer
 
 HIVEMESH_DECL std::error_code handshake::on_reply(byte_view message, byte_buffer& out) {
     binary_reader reader(message);
-    const auto chosen = reader.read<std::uint8_t>();
+    const auto first = reader.read<std::uint8_t>();
+    resuming_ = (first & detail::reply_resumed_flag) != 0;
+    const auto chosen = static_cast<std::uint8_t>(first & ~detail::reply_resumed_flag);
     const byte_view listener_ephemeral = reader.read_bytes(detail::ephemeral_key_size);
-    const byte_view sealed = reader.read_bytes(detail::sealed_identity_size);
-    if (reader.finish()) return errc::handshake_failed;
+    const byte_view sealed =
+        reader.read_bytes(resuming_ ? detail::record_tag_size : detail::sealed_identity_size);
+    if (reader.finish() || (resuming_ && !resume_.offer)) return errc::handshake_failed;
     const auto offered = offered_ciphers();
     if (options_.plaintext) {
         if (chosen != static_cast<std::uint8_t>(cipher::plaintext)) return errc::handshake_failed;
@@ -481,18 +557,24 @@ HIVEMESH_DECL std::error_code handshake::on_reply(byte_view message, byte_buffer
         return errc::handshake_failed;
     }
     suite_ = static_cast<cipher>(chosen);
-
-    std::array<unsigned char, crypto_kx_SESSIONKEYBYTES> rx, tx;
-    const int kx = crypto_kx_client_session_keys(rx.data(), tx.data(), ephemeral_public_.data(),
-                                                 ephemeral_secret_.data(),
-                                                 detail::uchars(listener_ephemeral.data()));
-    if (kx == 0) derive_prk(tx.data(), rx.data());
-    sodium_memzero(rx.data(), rx.size());
-    sodium_memzero(tx.data(), tx.size());
-    if (kx != 0) return errc::handshake_failed;
+    if (resuming_) ticket_ = *resume_.offer;
+    if (!derive_prk(listener_ephemeral)) return errc::handshake_failed;
 
     detail::hash_bytes(transcript_, message.first(1 + detail::ephemeral_key_size));
     const auto th2 = snapshot();
+    if (resuming_) {
+        if (!open_confirmation(
+                detail::derive_key(prk_, detail::label_resumed_listener_handshake, th2), sealed))
+            return errc::handshake_failed;
+        if (auto ec = adopt_ticket_identity()) return ec;
+        detail::hash_bytes(transcript_, sealed);
+        append_confirmation(
+            detail::derive_key(prk_, detail::label_resumed_dialer_handshake, snapshot()), out);
+        detail::hash_bytes(transcript_, out);
+        derive_traffic_keys();
+        state_ = state::done;
+        return {};
+    }
     const auto listener_key = detail::derive_key(prk_, detail::label_listener_handshake, th2);
     if (auto ec = open_sealed_identity(listener_key, sealed, detail::label_listener_signature, th2))
         return ec;
@@ -508,8 +590,18 @@ HIVEMESH_DECL std::error_code handshake::on_reply(byte_view message, byte_buffer
 }
 
 HIVEMESH_DECL std::error_code handshake::on_finish(byte_view message) {
-    if (message.size() != detail::finish_size) return errc::handshake_failed;
     const auto th3 = snapshot();
+    if (resuming_) {
+        if (!open_confirmation(
+                detail::derive_key(prk_, detail::label_resumed_dialer_handshake, th3), message))
+            return errc::handshake_failed;
+        if (auto ec = adopt_ticket_identity()) return ec;
+        detail::hash_bytes(transcript_, message);
+        derive_traffic_keys();
+        state_ = state::done;
+        return {};
+    }
+    if (message.size() != detail::finish_size) return errc::handshake_failed;
     const auto dialer_key = detail::derive_key(prk_, detail::label_dialer_handshake, th3);
     if (auto ec = open_sealed_identity(dialer_key, message, detail::label_dialer_signature, th3))
         return ec;
@@ -526,6 +618,8 @@ HIVEMESH_DECL void handshake::wipe() noexcept {
     sodium_memzero(dialer_to_listener_.data(), symmetric_key::size);
     sodium_memzero(listener_to_dialer_.data(), symmetric_key::size);
     if (options_.swarm_key) sodium_memzero(options_.swarm_key->data(), options_.swarm_key->size());
+    sodium_memzero(ticket_.secret.data(), symmetric_key::size);
+    resume_.offer.reset();
 }
 
 } // namespace hivemesh::crypto

@@ -194,14 +194,32 @@ asio::awaitable<std::error_code> node<Transport>::secure(state_ptr st, stream_ty
         if (!ec) stream.close();
         co_return make_error_code(errc::timeout);
     };
-    auto result = co_await (stream.handshake(side, st->identity, expected, st->options.security) ||
-                            watchdog());
+    const time_point now = transport_now<Transport>(st->executor);
+    // The handshake calls these before it completes, while `st` is held here.
+    crypto::resumption resume;
+    if (side == crypto::role::dialer && expected)
+        resume.offer = st->tickets.for_peer(*expected, now);
+    else if (side == crypto::role::listener)
+        resume.find = [s = st.get(), now](const crypto::ticket_id& id) {
+            return s->tickets.with_id(id, now);
+        };
+    resume.keep = [s = st.get(), now](const crypto::resumption_ticket& ticket) {
+        s->tickets.insert(ticket, now, s->options.resumption_lifetime);
+    };
+    const bool offered = resume.offer.has_value();
+    auto result = co_await (
+        stream.handshake(side, st->identity, expected, st->options.security, std::move(resume)) ||
+        watchdog());
     std::error_code ec = result.index() == 0 ? std::get<0>(result) : std::get<1>(result);
     if (!ec && st->closed) ec = errc::connection_closed;
     if (ec) {
+        // A ticket the peer answered but could not prove is no use again.
+        if (offered && ec == errc::handshake_failed) st->tickets.erase(*expected);
         stream.close();
         co_return ec;
     }
+    ++st->statistics.handshakes_completed;
+    if (stream.resumed()) ++st->statistics.handshakes_resumed;
     const crypto::peer_id remote = stream.remote_id();
     if (at_peer_cap(st, remote)) {
         stream.close();
