@@ -119,7 +119,8 @@ struct store_response {
 };
 
 /// Asks for up to `max_peers` nearest peers of each of `keys`, and their values when
-/// `want_values`; the receiver first stores `items`, as a store_request would.
+/// `want_values`; the receiver also stores `items`, as a store_request would (after reading
+/// the values it answers).
 struct find_request {
     sender_info from;
     std::vector<dht::id> keys;

@@ -564,6 +564,8 @@ private:
     static void count(store_outcome& outcome, store_status status);
     /// True if `r` fits the message limits every node enforces.
     static bool fits(const state_ptr& st, const record& r);
+    /// The bytes of `r`'s key, value, subkey and signature: what a request's size cap counts.
+    static std::size_t record_bytes(const record& r);
     static asio::awaitable<std::pair<std::error_code, std::vector<store_outcome>>>
     store_records(state_ptr st, std::vector<record> records);
 

@@ -36,7 +36,8 @@ struct node<Transport>::search {
     bool latest = false;
     /// How many of the nearest live candidates must answer before the search ends.
     std::size_t width = 0;
-    /// Records handed to every node asked (indices into the lookup's records).
+    /// Records handed to each node asked while it is among the `width` nearest live
+    /// candidates (indices into the lookup's records).
     std::vector<std::size_t> carried;
     std::map<dht::id, candidate> candidates; // by distance to target
     std::size_t in_flight = 0;
@@ -62,7 +63,6 @@ struct node<Transport>::lookup {
         : wake(ex) {}
     std::vector<search> searches;
     const std::vector<record>* records = nullptr; // what the searches carry
-    bool want_values = false;
     std::deque<reply> replies;
     std::size_t in_flight = 0;
     wakeup wake;
@@ -152,7 +152,7 @@ void node<Transport>::launch(const state_ptr& st, const std::shared_ptr<lookup>&
                                  {},
                                  static_cast<std::uint32_t>(st->options.routing.k),
                                  {},
-                                 l->want_values};
+                                 s.want_value}; // the same in every search
             std::vector<bool> carried(batch.size());
             for (std::size_t n = 0; n < batch.size(); ++n) {
                 const auto& searched = l->searches[batch[n]];
@@ -255,7 +255,6 @@ auto node<Transport>::run_lookup(state_ptr st, std::vector<dht::id> targets, boo
     auto l = std::make_shared<lookup>(st->executor);
     l->searches.resize(targets.size());
     l->records = carry.records;
-    l->want_values = want_value;
     const auto now = st->now();
     for (std::size_t i = 0; i < targets.size(); ++i) {
         auto& s = l->searches[i];

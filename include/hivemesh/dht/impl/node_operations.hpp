@@ -172,6 +172,11 @@ bool node<Transport>::fits(const state_ptr& st, const record& r) {
 }
 
 template <net::transport Transport>
+std::size_t node<Transport>::record_bytes(const record& r) {
+    return r.key.size() + r.value.size() + (r.subkey ? r.subkey->size() : 0) + r.signature.size();
+}
+
+template <net::transport Transport>
 asio::awaitable<std::pair<std::error_code, std::vector<store_outcome>>>
 node<Transport>::store_records(state_ptr st, std::vector<record> records) {
     using result = std::pair<std::error_code, std::vector<store_outcome>>;
@@ -204,9 +209,7 @@ node<Transport>::store_records(state_ptr st, std::vector<record> records) {
     std::vector<std::size_t> carried_bytes(targets.size());
     for (std::size_t i = 0; i < records.size(); ++i) {
         if (!valid[i]) continue;
-        const auto& r = records[i];
-        carried_bytes[search_of[i]] +=
-            r.key.size() + r.value.size() + (r.subkey ? r.subkey->size() : 0) + r.signature.size();
+        carried_bytes[search_of[i]] += record_bytes(records[i]);
         carry.of_target[search_of[i]].push_back(i);
     }
     for (std::size_t t = 0; t < targets.size(); ++t)
@@ -276,8 +279,7 @@ auto node<Transport>::send_stores(state_ptr st, std::map<crypto::peer_id, outgoi
                    request.items.size() < st->options.messages.max_items;
                  ++first) {
                 const auto& r = records[out.records[first]];
-                const auto size = r.key.size() + r.value.size() +
-                                  (r.subkey ? r.subkey->size() : 0) + r.signature.size();
+                const auto size = record_bytes(r);
                 if (!indices.empty() && bytes + size > max_request_bytes) break;
                 bytes += size;
                 request.items.push_back({r, in_cache});
