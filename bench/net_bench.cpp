@@ -51,7 +51,10 @@ public:
     io_thread()
         : guard_(io_.get_executor())
         , thread_([this] { io_.run(); }) {}
-    ~io_thread() {
+    ~io_thread() { stop(); }
+    /// Ends the thread; what it ran stays queued, undone, until the io_context goes.
+    void stop() {
+        if (!thread_.joinable()) return;
         guard_.reset();
         io_.stop();
         thread_.join();
@@ -90,6 +93,12 @@ struct raw_pair {
         server = accepted.get();
         server.set_option(asio::ip::tcp::no_delay(true));
         client.set_option(asio::ip::tcp::no_delay(true));
+    }
+    // The threads stop before the sockets go: a benchmark's detached echo or drain loop
+    // may still be waiting on `server`.
+    ~raw_pair() {
+        server_thread.stop();
+        client_thread.stop();
     }
 };
 
@@ -196,7 +205,9 @@ void bm_bulk_secure_stream(benchmark::State& state) {
         run_on(pair.client_thread.io(), client.handshake(crypto::role::dialer, client_identity));
     if (const auto ec = accepted.get(); ec || dialed)
         return fail(state, "handshake failed: " + (ec ? ec : dialed).message());
-    asio::co_spawn(
+    // Awaited before `server` goes: a write it left pending would complete into a
+    // destroyed stream.
+    auto serving = asio::co_spawn(
         pair.server_thread.io(),
         [&]() -> asio::awaitable<void> {
             std::size_t drained = 0, next_ack = total;
@@ -211,7 +222,7 @@ void bm_bulk_secure_stream(benchmark::State& state) {
                 }
             }
         },
-        asio::detached);
+        asio::use_future);
     const byte_buffer chunk(bulk_message, std::byte{0x5A});
     std::error_code error;
     for (auto _ : state) {
@@ -223,13 +234,18 @@ void bm_bulk_secure_stream(benchmark::State& state) {
             if (!error) error = co_await client.read(ack);
             co_return std::chrono::duration<double>(clock_type::now() - start).count();
         }());
-        if (error) return fail(state, "secure stream failed: " + error.message());
+        if (error) {
+            fail(state, "secure stream failed: " + error.message());
+            break;
+        }
         state.SetIterationTime(seconds);
     }
-    state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
-                            static_cast<std::int64_t>(total));
     asio::post(pair.client_thread.io(), asio::use_future([&] { client.close(); })).get();
     asio::post(pair.server_thread.io(), asio::use_future([&] { server.close(); })).get();
+    serving.get();
+    if (!error)
+        state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                                static_cast<std::int64_t>(total));
 }
 
 // ---- hivemesh RPC --------------------------------------------------------------------
