@@ -335,6 +335,41 @@ TEST_CASE("a key is handed to a new node that becomes its nearest", "[dht][sim]"
     CHECK(handoffs >= 1);
 }
 
+TEST_CASE("the maintenance loop republishes a node's keys every republish_interval from its "
+          "start, not at its first run",
+          "[dht][sim]") {
+    sim_swarm s;
+    s.options.republish_interval = 120s; // maintenance_period stays 5 s
+    build(s, 20);
+    const auto started = s.world.now();
+    constexpr std::size_t key_count = 20;
+    CHECK(store_keys(s, key_count, started + 4min) == key_count);
+    const auto republished = [&] {
+        std::uint64_t n = 0;
+        for (auto& m : s.members)
+            n += m.dht->statistics().republished;
+        return n;
+    };
+    const auto sent_before = requests_sent(s);
+    // A dozen maintenance runs, well inside the interval: the keys were just stored.
+    s.world.network.time().run_for(60s);
+    CHECK(republished() == 0);
+    // Past the interval, each of a key's replicas republishes it once: with 20 nodes every
+    // table is full, so the replicas, and the nodes that see themselves as one, are exactly
+    // the nearest five.
+    s.world.network.time().run_for(80s);
+    for (std::size_t k = 0; k < key_count; ++k) {
+        const auto nearest = by_distance(s, key_of(k));
+        const auto id = dht::id::of_key(key_of(k));
+        for (std::size_t i = 0; i < nearest.size(); ++i)
+            CHECK(s.members[nearest[i]].dht->local_storage().contains(id, s.world.now()) ==
+                  (i < 5));
+    }
+    CHECK(republished() == key_count * 5);
+    CHECK(requests_sent(s) > sent_before);
+    CHECK(find_keys(s, key_count) == key_count);
+}
+
 TEST_CASE("a store's lookup asks about as many nodes as it stores on, and reaches the nearest",
           "[dht][sim]") {
     sim_swarm s;

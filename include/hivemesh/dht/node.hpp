@@ -394,7 +394,8 @@ private:
             , cache(options.cache)
             , limiter(options.requests_per_second, options.request_burst)
             , rng(seed_of(self))
-            , maintenance_timer(executor) {}
+            , maintenance_timer(executor)
+            , last_republish(now()) {}
 
         static std::uint64_t seed_of(const dht::id& self) {
             std::uint64_t seed = 0;
@@ -423,7 +424,9 @@ private:
         /// Contacts dropped for failing, oldest pinged first, with when they were dropped.
         std::deque<std::pair<contact_type, time_point>> lost;
         time_point last_bootstrap{};
-        time_point last_republish{};
+        /// From the start: the first republish comes an interval after it, not at the
+        /// first maintenance, which would store again what the node was just given.
+        time_point last_republish;
         node_statistics stats;
         bool closed = false;
     };
