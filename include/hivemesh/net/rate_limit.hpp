@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <system_error>
 #include <type_traits>
 #include <utility>
@@ -152,17 +153,18 @@ public:
                      std::shared_ptr<token_bucket> download)
         : stream_(std::move(stream))
         , upload_(std::move(upload))
-        , download_(std::move(download))
-        , read_timer_(stream_.get_executor())
-        , write_timer_(stream_.get_executor()) {}
+        , download_(std::move(download)) {
+        if (download_) read_timer_.emplace(stream_.get_executor());
+        if (upload_) write_timer_.emplace(stream_.get_executor());
+    }
 
     executor_type get_executor() noexcept { return stream_.get_executor(); }
 
     /// Closes the stream; a read or write waiting for the bucket ends with operation_aborted.
     void close(std::error_code& ec) {
         closed_ = true;
-        read_timer_.cancel();
-        write_timer_.cancel();
+        if (read_timer_) read_timer_->cancel();
+        if (write_timer_) write_timer_->cancel();
         stream_.close(ec);
     }
 
@@ -235,8 +237,8 @@ private:
                 if (wait <= duration::zero()) return op.complete(ec, n);
                 at = step::paying;
                 bytes = n;
-                self->read_timer_.expires_after(wait);
-                self->read_timer_.async_wait(std::move(op));
+                self->read_timer_->expires_after(wait);
+                self->read_timer_->async_wait(std::move(op));
                 return;
             }
             case step::paying: {
@@ -270,8 +272,8 @@ private:
                                           : bucket->take(self->now(), buffers.size());
                 if (wait > duration::zero()) {
                     at = step::paying;
-                    self->write_timer_.expires_after(wait);
-                    self->write_timer_.async_wait(std::move(op));
+                    self->write_timer_->expires_after(wait);
+                    self->write_timer_->async_wait(std::move(op));
                     return;
                 }
                 // Not completed here even when closed: never inside the initiation.
@@ -308,8 +310,9 @@ private:
     Stream stream_;
     std::shared_ptr<token_bucket> upload_;
     std::shared_ptr<token_bucket> download_;
-    Timer read_timer_;
-    Timer write_timer_;
+    // Only with a cap that way: most nodes have none, and a timer is a few hundred bytes.
+    std::optional<Timer> read_timer_;
+    std::optional<Timer> write_timer_;
     bool closed_ = false;
 };
 

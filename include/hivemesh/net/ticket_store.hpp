@@ -6,6 +6,7 @@
 #include "hivemesh/crypto/peer_id.hpp"
 #include "hivemesh/crypto/secure_channel.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <optional>
@@ -19,6 +20,11 @@ class ticket_store {
 public:
     explicit ticket_store(std::size_t capacity)
         : capacity_(capacity) {}
+    // A copy's index would point into the original; moving keeps the nodes.
+    ticket_store(const ticket_store&) = delete;
+    ticket_store& operator=(const ticket_store&) = delete;
+    ticket_store(ticket_store&&) = default;
+    ticket_store& operator=(ticket_store&&) = default;
 
     /// Keeps `ticket` for its remote peer from `now` for `lifetime`, in place of the peer's
     /// earlier one.
@@ -27,8 +33,8 @@ public:
         const crypto::peer_id peer = ticket.remote_key.id();
         erase(peer);
         if (by_peer_.size() >= capacity_) make_room(now);
-        by_peer_.emplace(peer, entry{ticket, now + lifetime});
-        by_id_.emplace(ticket.id, peer);
+        const auto placed = by_peer_.emplace(peer, entry{ticket, now + lifetime}).first;
+        by_id_.emplace(ticket.id, &placed->first);
     }
 
     /// The ticket to offer when dialing `peer`, unless it has none that is valid at `now`.
@@ -46,7 +52,8 @@ public:
     std::optional<crypto::resumption_ticket> with_id(const crypto::ticket_id& id, time_point now) {
         const auto it = by_id_.find(id);
         if (it == by_id_.end()) return std::nullopt;
-        return for_peer(it->second, now);
+        const crypto::peer_id peer = *it->second; // for_peer may erase what it points to
+        return for_peer(peer, now);
     }
 
     /// Forgets `peer`'s ticket, if any.
@@ -81,16 +88,18 @@ private:
             return true;
         });
         if (by_peer_.size() < capacity_) return;
-        auto first = by_peer_.begin();
-        for (auto it = by_peer_.begin(); it != by_peer_.end(); ++it)
-            if (it->second.expires < first->second.expires) first = it;
+        const auto first =
+            std::min_element(by_peer_.begin(), by_peer_.end(), [](const auto& a, const auto& b) {
+                return a.second.expires < b.second.expires;
+            });
         by_id_.erase(first->second.ticket.id);
         by_peer_.erase(first);
     }
 
     std::size_t capacity_;
     std::unordered_map<crypto::peer_id, entry> by_peer_;
-    std::unordered_map<crypto::ticket_id, crypto::peer_id, id_hash> by_id_;
+    /// To the keys of by_peer_, whose nodes stay put until erased (with their index entry).
+    std::unordered_map<crypto::ticket_id, const crypto::peer_id*, id_hash> by_id_;
 };
 
 } // namespace hivemesh::net::detail
