@@ -98,11 +98,16 @@ std::vector<std::size_t> by_distance(sim_swarm& s, const byte_buffer& key) {
     return order;
 }
 
-std::uint64_t requests_sent(sim_swarm& s) {
+/// One of the members' statistics, summed over them all.
+std::uint64_t total(sim_swarm& s, std::uint64_t dht::node_statistics::*counter) {
     std::uint64_t n = 0;
     for (auto& m : s.members)
-        n += m.dht->statistics().requests_sent;
+        n += m.dht->statistics().*counter;
     return n;
+}
+
+std::uint64_t requests_sent(sim_swarm& s) {
+    return total(s, &dht::node_statistics::requests_sent);
 }
 
 void build(sim_swarm& s, std::size_t n) {
@@ -329,10 +334,7 @@ TEST_CASE("a key is handed to a new node that becomes its nearest", "[dht][sim]"
     test::bootstrap(s, s.members.size() - 1);
     s.world.network.time().run_for(5s);
     CHECK(newcomer.dht->local_storage().contains(target, s.world.now()));
-    std::uint64_t handoffs = 0;
-    for (auto& m : s.members)
-        handoffs += m.dht->statistics().handoffs;
-    CHECK(handoffs >= 1);
+    CHECK(total(s, &dht::node_statistics::handoffs) >= 1);
 }
 
 TEST_CASE("the maintenance loop republishes a node's keys every republish_interval from its "
@@ -341,15 +343,10 @@ TEST_CASE("the maintenance loop republishes a node's keys every republish_interv
     sim_swarm s;
     s.options.republish_interval = 120s; // maintenance_period stays 5 s
     build(s, 20);
-    const auto started = s.world.now();
+    const auto t0 = s.world.now();
     constexpr std::size_t key_count = 20;
-    CHECK(store_keys(s, key_count, started + 4min) == key_count);
-    const auto republished = [&] {
-        std::uint64_t n = 0;
-        for (auto& m : s.members)
-            n += m.dht->statistics().republished;
-        return n;
-    };
+    CHECK(store_keys(s, key_count, t0 + 4min) == key_count);
+    const auto republished = [&] { return total(s, &dht::node_statistics::republished); };
     const auto sent_before = requests_sent(s);
     // A dozen maintenance runs, well inside the interval: the keys were just stored.
     s.world.network.time().run_for(60s);

@@ -310,7 +310,7 @@ private:
     Stream stream_;
     std::shared_ptr<token_bucket> upload_;
     std::shared_ptr<token_bucket> download_;
-    // Only with a cap that way: most nodes have none, and a timer is a few hundred bytes.
+    // Only with a cap that way: most nodes have none, and a timer is 120 bytes.
     std::optional<Timer> read_timer_;
     std::optional<Timer> write_timer_;
     bool closed_ = false;
