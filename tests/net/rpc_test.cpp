@@ -528,6 +528,61 @@ TEMPLATE_TEST_CASE("idle connections are closed", "[net][rpc]", sim_world, tcp_w
     CHECK_FALSE(call(world, *client.node, server.peer(), "echo", {}).ec);
 }
 
+TEMPLATE_TEST_CASE("two nodes that dialed each other at once both call over the connection the "
+                   "smaller PeerId dialed, and the other one closes when idle",
+                   "[net][rpc]", sim_world, tcp_world) {
+    TestType world;
+    net::node_options options;
+    options.idle_timeout = 300ms;
+    host<TestType> a(world, 1, options), b(world, 2, options);
+    add_echo(a);
+    add_echo(b);
+    // Both calls start before either dial completes, so each node dials the other.
+    const auto there = start_call(*a.node, b.peer(), "echo", random_bytes(4, 1));
+    const auto back = start_call(*b.node, a.peer(), "echo", random_bytes(4, 2));
+    REQUIRE(world.run_until([&] { return there->done && back->done; }));
+    CHECK_FALSE(there->ec);
+    CHECK_FALSE(back->ec);
+    REQUIRE(a.node->connection_count() == 2);
+    REQUIRE(b.node->connection_count() == 2);
+
+    // Streams opened so far on the connection `h` dialed (first) and on the one it accepted.
+    const auto streams = [](host<TestType>& h) {
+        std::pair<std::uint64_t, std::uint64_t> out;
+        for (const auto& c : h.node->connections())
+            (c.dialed ? out.first : out.second) = c.statistics.streams_opened;
+        return out;
+    };
+    const bool a_is_smaller = a.node->id() < b.node->id();
+    const auto before_a = streams(a), before_b = streams(b);
+    constexpr int calls = 10;
+    for (int i = 0; i < calls; ++i) {
+        CHECK_FALSE(call(world, *a.node, b.peer(), "echo", random_bytes(4, i)).ec);
+        CHECK_FALSE(call(world, *b.node, a.peer(), "echo", random_bytes(4, i)).ec);
+    }
+    const auto after_a = streams(a), after_b = streams(b);
+    // a's dialed connection is b's accepted one, and the other way round.
+    const std::uint64_t on_a_dial = after_a.first - before_a.first;
+    const std::uint64_t on_b_dial = after_a.second - before_a.second;
+    CHECK(after_b.second - before_b.second == on_a_dial);
+    CHECK(after_b.first - before_b.first == on_b_dial);
+    CHECK(on_a_dial == (a_is_smaller ? 2 * calls : 0));
+    CHECK(on_b_dial == (a_is_smaller ? 0 : 2 * calls));
+
+    // Calls every 50 ms keep the preferred connection busy; the other closes within two
+    // idle timeouts on both nodes.
+    for (int i = 0; i < 40 && (a.node->connection_count() > 1 || b.node->connection_count() > 1);
+         ++i) {
+        CHECK_FALSE(call(world, *a.node, b.peer(), "echo", {}).ec);
+        const time_point t0 = world.now();
+        REQUIRE(world.run_until([&] { return world.now() - t0 >= 50ms; }));
+    }
+    REQUIRE(a.node->connection_count() == 1);
+    REQUIRE(b.node->connection_count() == 1);
+    CHECK(a.node->connections().front().dialed == a_is_smaller);
+    CHECK(b.node->connections().front().dialed == !a_is_smaller);
+}
+
 TEMPLATE_TEST_CASE("peers that met resume their handshakes, dialing either way, until the "
                    "ticket expires",
                    "[net][rpc]", sim_world, tcp_world) {

@@ -313,6 +313,8 @@ public:
     bool accepts_streams() const noexcept { return !closed_ && !goaway_sent_ && !goaway_received_; }
     std::error_code close_reason() const noexcept { return close_reason_; }
     const crypto::peer_id& remote() const noexcept { return remote_; }
+    /// Whether this end dialed the connection (its streams have odd ids).
+    bool we_dialed() const noexcept { return (next_local_id_ & 1u) == 1u; }
     /// The peer's settings hello (empty until its settings frame arrived).
     const byte_buffer& remote_hello() const noexcept { return peer_.hello; }
     std::size_t stream_count() const noexcept { return streams_.size(); }

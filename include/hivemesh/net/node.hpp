@@ -405,6 +405,7 @@ public:
     /// One open connection, as seen by connections().
     struct connection_info {
         crypto::peer_id remote;
+        bool dialed = false; ///< this node dialed it
         std::size_t streams = 0;
         mux_statistics statistics;
     };
@@ -509,6 +510,8 @@ private:
 
     // ---- connections (impl/node_connections.hpp) ------------------------------------
 
+    /// An open connection to `id` that takes new streams, marked used; of two, the one the
+    /// smaller PeerId dialed. Null when there is none.
     static std::shared_ptr<mux_connection> find_connection(const state_ptr& st,
                                                            const crypto::peer_id& id);
 

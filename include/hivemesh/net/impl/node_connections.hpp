@@ -45,7 +45,8 @@ std::vector<typename node<Transport>::connection_info> node<Transport>::connecti
     std::vector<connection_info> out;
     for (const auto& [id, list] : state_->connections)
         for (const auto& pooled : list)
-            out.push_back({id, pooled.connection->stream_count(), pooled.connection->statistics()});
+            out.push_back({id, pooled.connection->we_dialed(), pooled.connection->stream_count(),
+                           pooled.connection->statistics()});
     return out;
 }
 
@@ -143,12 +144,22 @@ std::shared_ptr<mux_connection> node<Transport>::find_connection(const state_ptr
                                                                  const crypto::peer_id& id) {
     const auto it = st->connections.find(id);
     if (it == st->connections.end()) return nullptr;
-    for (auto& pooled : it->second)
-        if (pooled.connection->accepts_streams()) {
-            mark_used(st, pooled);
-            return pooled.connection;
+    // Two nodes that dialed each other at once hold two connections. Both prefer the one the
+    // smaller PeerId dialed, so each pair shares one TCP flow both ways (fewer flows on a
+    // shared link finish a butterfly sooner) and the other goes idle and closes.
+    const bool prefer_ours = st->identity.id() < id;
+    pooled_connection* chosen = nullptr;
+    for (auto& pooled : it->second) {
+        if (!pooled.connection->accepts_streams()) continue;
+        if (!chosen) chosen = &pooled;
+        if (pooled.connection->we_dialed() == prefer_ours) {
+            chosen = &pooled;
+            break;
         }
-    return nullptr;
+    }
+    if (!chosen) return nullptr;
+    mark_used(st, *chosen);
+    return chosen->connection;
 }
 
 template <transport Transport>
