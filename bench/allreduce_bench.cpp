@@ -119,6 +119,8 @@ struct options {
     /// tc's rate of every link (e.g. 100mbit), or of rank k's link at [k]; empty: loopback.
     /// With it, each process runs in a network namespace of its own (scripts/netns-swarm.sh).
     std::vector<std::string> links;
+    /// With links: the TCP congestion control of the namespaces; empty: the host's.
+    std::string congestion;
     /// The last `clients` ranks of a hivemesh cell join as clients: they reduce nothing.
     std::size_t clients = 0;
     /// Rank k's link rate in bytes per second; 0 on loopback.
@@ -269,6 +271,11 @@ options parse(int argc, char** argv) {
             return link_bytes_per_second(rate) > 0 ? std::string()
                                                    : std::string("a tc rate such as 100mbit");
         });
+    app.add_option("--congestion", o.congestion,
+                   "with --link: the TCP congestion control in every namespace (cubic, bbr, "
+                   "reno; net.ipv4.tcp_available_congestion_control lists them); default: "
+                   "the host's (net.ipv4.tcp_congestion_control)")
+        ->type_name("NAME");
     add_count("--clients", o.clients,
               "the last C ranks of every hivemesh cell join as clients, which accept no "
               "connections and reduce nothing (Gloo and MPI have no such role: every rank "
@@ -956,6 +963,13 @@ std::vector<std::string> child_arguments(const options& o, const system_spec& s,
     return a;
 }
 
+/// The TCP congestion control scripts/netns-swarm.sh reports for its namespaces; "unknown"
+/// outside them.
+std::string namespaces_congestion() {
+    const char* name = std::getenv("HIVEMESH_NETNS_CONGESTION");
+    return name && *name ? name : "unknown";
+}
+
 /// The peer namespaces of scripts/netns-swarm.sh, which runs this driver with --link; empty
 /// on loopback.
 struct namespaces {
@@ -1243,7 +1257,7 @@ int driver_main(const options& o) {
             : "TCP between network namespaces, " +
                   (o.links.size() == 1 ? "every link shaped to " + o.links[0]
                                        : "rank k's link shaped to the k-th of " + joined(o.links)) +
-                  " each way (tc tbf)" +
+                  " each way (tc tbf), TCP congestion control " + namespaces_congestion() +
                   (o.clients
                        ? ", the last " + std::to_string(o.clients) + " rank(s) hivemesh clients"
                        : std::string());
@@ -1397,6 +1411,7 @@ int driver_main(const options& o) {
             {"timed_rounds", o.rounds},
             {"passes", o.passes},
             {"link", shaped ? joined(o.links) : "loopback"},
+            {"congestion_control", shaped ? namespaces_congestion() : std::string()},
             {"clients", o.clients},
             {"part_size_bytes", o.part_size},
             {"cores", std::thread::hardware_concurrency()},
@@ -1476,6 +1491,7 @@ int run_in_namespaces(const options& o, int argc, char** argv) {
                                   executable_path()};
     for (int i = 1; i < argc; ++i)
         args.emplace_back(argv[i]);
+    if (!o.congestion.empty()) args.insert(args.begin() + 1, {"--congestion", o.congestion});
     auto script = process::start("/bin/bash", args, false); // our stdout, its stdin /dev/null
     int status = 0;
     if (waitpid(script.pid, &status, 0) != script.pid)

@@ -7,13 +7,15 @@
 # no interface, address or route is added outside the namespaces this script creates.
 #
 #   netns-swarm.sh [--peers N] [--rate RATE] [--burst SIZE] [--latency TIME]
-#                  [--loopback] [--timeout SECONDS] -- COMMAND [ARGS...]
+#                  [--congestion NAME] [--loopback] [--timeout SECONDS] -- COMMAND [ARGS...]
 #
 #   --peers N          peer namespaces (default 4, at most 250)
 #   --rate RATE        tbf rate of every link, each direction (default 100mbit); a comma-
 #                      separated list with one rate per peer gives peer i the i-th
 #   --burst SIZE       tbf bucket size (default 128kb); a list as for --rate
 #   --latency TIME     longest a packet may wait in the tbf queue (default 50ms)
+#   --congestion NAME  TCP congestion control in every peer namespace (cubic, bbr, reno: one
+#                      of net.ipv4.tcp_available_congestion_control); default: the host's
 #   --loopback         bring each peer namespace's loopback interface up, for programs whose
 #                      processes in one namespace talk to each other (mpirun and its ranks)
 #   --timeout SECONDS  COMMAND is stopped (TERM, then KILL) after this long (default 600)
@@ -21,6 +23,7 @@
 # COMMAND runs in the host's namespace with
 #   HIVEMESH_NETNS_NAMES      the peer namespaces, space-separated (peer 0 first)
 #   HIVEMESH_NETNS_ADDRESSES  their addresses, in the same order
+#   HIVEMESH_NETNS_CONGESTION the TCP congestion control the peer namespaces use
 # and starts peer i with: ip netns exec <i-th name> PROGRAM ...  A peer must listen on, and
 # announce, its own address: its namespace's loopback interface is left down (unless
 # --loopback), so peers reach each other only through the shaped links. Each run's names carry its process id, so runs
@@ -35,7 +38,7 @@
 #     ip netns exec "$1" ip -brief address; ip netns exec "$2" ip -brief address'
 set -euo pipefail
 
-peers=4 rate=100mbit burst=128kb latency=50ms limit=600 loopback=down
+peers=4 rate=100mbit burst=128kb latency=50ms limit=600 loopback=down congestion=
 usage() {
   sed -n '/^#   netns-swarm.sh/,/^#   --timeout/p' "$0" | sed 's/^#//' >&2
   exit 2
@@ -46,6 +49,7 @@ while [ $# -gt 0 ]; do
     --rate) rate=${2:?}; shift 2 ;;
     --burst) burst=${2:?}; shift 2 ;;
     --latency) latency=${2:?}; shift 2 ;;
+    --congestion) congestion=${2:?}; shift 2 ;;
     --loopback) loopback=up; shift ;;
     --timeout) limit=${2:?}; shift 2 ;;
     --) shift; break ;;
@@ -79,6 +83,14 @@ skip() {
   exit 77
 }
 [ "$(id -u)" = 0 ] || skip "not root: uid $(id -u)"
+if [ -n "$congestion" ]; then
+  available=$(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2> /dev/null || true)
+  if ! [[ " ${available} " == *" ${congestion} "* ]]; then
+    echo "netns-swarm: congestion control '${congestion}' is not available here" \
+      "(available: ${available:-unknown})" >&2
+    exit 2
+  fi
+fi
 command -v ip > /dev/null || skip "no ip command (Debian: iproute2)"
 command -v tc > /dev/null || skip "no tc command (Debian: iproute2)"
 
@@ -153,6 +165,9 @@ for ((i = 0; i < peers; i++)); do
   step ip -n "$bridge_ns" link set "b${i}" master br0 up
   step ip -n "$ns" addr add "${address}/24" dev eth0
   step ip -n "$ns" link set eth0 up
+  if [ -n "$congestion" ]; then
+    step ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$congestion"
+  fi
   # Both directions: the peer's egress, and the bridge's egress towards the peer.
   peer_rate=$(nth "$i" "${rates[@]}") peer_burst=$(nth "$i" "${bursts[@]}")
   step tc -n "$ns" qdisc add dev eth0 root tbf rate "$peer_rate" burst "$peer_burst" \
@@ -165,7 +180,10 @@ done
 echo "netns-swarm: ${peers} peers in ${names[0]}..${names[peers - 1]}" \
   "(${addresses[0]}..${addresses[peers - 1]}), bridge in ${bridge_ns}, tbf ${rate} each way"
 
+congestion=$(ip netns exec "${names[0]}" sysctl -n net.ipv4.tcp_congestion_control)
+echo "netns-swarm: TCP congestion control ${congestion} in the peer namespaces"
 export HIVEMESH_NETNS_NAMES="${names[*]}" HIVEMESH_NETNS_ADDRESSES="${addresses[*]}"
+export HIVEMESH_NETNS_CONGESTION="$congestion"
 # In the background so that a signal reaches the trap at once (and COMMAND keeps our stdin).
 exec 3<&0
 timeout -k 10 "$limit" "$@" <&3 &
