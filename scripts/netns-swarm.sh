@@ -166,7 +166,9 @@ for ((i = 0; i < peers; i++)); do
   step ip -n "$ns" addr add "${address}/24" dev eth0
   step ip -n "$ns" link set eth0 up
   if [ -n "$congestion" ]; then
-    step ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$congestion"
+    # shellcheck disable=SC2016 # $1 expands in the namespace's shell
+    step ip netns exec "$ns" bash -c 'echo "$1" > /proc/sys/net/ipv4/tcp_congestion_control' \
+      _ "$congestion"
   fi
   # Both directions: the peer's egress, and the bridge's egress towards the peer.
   peer_rate=$(nth "$i" "${rates[@]}") peer_burst=$(nth "$i" "${bursts[@]}")
@@ -180,7 +182,8 @@ done
 echo "netns-swarm: ${peers} peers in ${names[0]}..${names[peers - 1]}" \
   "(${addresses[0]}..${addresses[peers - 1]}), bridge in ${bridge_ns}, tbf ${rate} each way"
 
-congestion=$(ip netns exec "${names[0]}" sysctl -n net.ipv4.tcp_congestion_control)
+congestion=$(ip netns exec "${names[0]}" cat /proc/sys/net/ipv4/tcp_congestion_control ||
+  echo unknown)
 echo "netns-swarm: TCP congestion control ${congestion} in the peer namespaces"
 export HIVEMESH_NETNS_NAMES="${names[*]}" HIVEMESH_NETNS_ADDRESSES="${addresses[*]}"
 export HIVEMESH_NETNS_CONGESTION="$congestion"

@@ -145,8 +145,8 @@ std::shared_ptr<mux_connection> node<Transport>::find_connection(const state_ptr
     const auto it = st->connections.find(id);
     if (it == st->connections.end()) return nullptr;
     // Two nodes that dialed each other at once hold two connections. Both prefer the one the
-    // smaller PeerId dialed, so each pair shares one TCP flow both ways (fewer flows on a
-    // shared link finish a butterfly sooner) and the other goes idle and closes.
+    // smaller PeerId dialed, so each pair's traffic shares one TCP flow both ways and the
+    // other goes idle and closes, with its descriptor and buffers.
     const bool prefer_ours = st->identity.id() < id;
     pooled_connection* chosen = nullptr;
     for (auto& pooled : it->second) {
