@@ -15,7 +15,7 @@
 #   --burst SIZE       tbf bucket size (default 128kb); a list as for --rate
 #   --latency TIME     longest a packet may wait in the tbf queue (default 50ms)
 #   --congestion NAME  TCP congestion control in every peer namespace (cubic, bbr, reno: one
-#                      of net.ipv4.tcp_available_congestion_control); default: the host's
+#                      of net.ipv4.tcp_allowed_congestion_control); default: the host's
 #   --loopback         bring each peer namespace's loopback interface up, for programs whose
 #                      processes in one namespace talk to each other (mpirun and its ranks)
 #   --timeout SECONDS  COMMAND is stopped (TERM, then KILL) after this long (default 600)
@@ -88,6 +88,14 @@ if [ -n "$congestion" ]; then
   if ! [[ " ${available} " == *" ${congestion} "* ]]; then
     echo "netns-swarm: congestion control '${congestion}' is not available here" \
       "(available: ${available:-unknown})" >&2
+    exit 2
+  fi
+  # Outside the host's namespace the kernel lets only the allowed ones be chosen (EPERM).
+  allowed=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control 2> /dev/null || true)
+  if ! [[ " ${allowed} " == *" ${congestion} "* ]]; then
+    echo "netns-swarm: congestion control '${congestion}' may not be chosen in a network" \
+      "namespace here (net.ipv4.tcp_allowed_congestion_control: ${allowed:-unknown}; add it" \
+      "there to allow it)" >&2
     exit 2
   fi
 fi
