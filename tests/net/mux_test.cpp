@@ -105,6 +105,7 @@ struct mux_pair {
     std::shared_ptr<memory_channel::shared_state> wire;
     std::shared_ptr<mux_connection> a, b;
     std::vector<mux_stream> incoming_a, incoming_b;
+    std::vector<bool> ready_on_arrival_b; ///< each incoming_b stream's ready() when handed over
     std::error_code closed_a, closed_b;
     bool a_closed = false, b_closed = false;
 
@@ -132,7 +133,10 @@ struct mux_pair {
             });
         b->start(
             to_buffer(as_bytes(std::string_view("hello from b"))),
-            [this](mux_stream s) { incoming_b.push_back(std::move(s)); },
+            [this](mux_stream s) {
+                ready_on_arrival_b.push_back(s.ready());
+                incoming_b.push_back(std::move(s));
+            },
             [this](std::error_code ec) {
                 b_closed = true;
                 closed_b = ec;
@@ -199,6 +203,32 @@ TEST_CASE("messages of every size cross a stream both ways", "[net][mux]") {
     // Every data frame but the one that opens the stream goes straight to its message.
     if (placing) CHECK(pair.channel_b->placements > 0);
     if (placing) CHECK(pair.channel_a->placements > 0);
+}
+
+TEST_CASE("a stream is handed over with the message its first frame carried, and without one "
+          "when that frame held only its start",
+          "[net][mux]") {
+    net::mux_options options;
+    mux_pair pair(options, options);
+    const std::size_t frame = options.frame_payload;
+    mux_stream small, large; // kept open: dropping them would reset them
+    auto client = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        co_await require_ok(pair.a->open(small));
+        co_await require_ok(small.send(random_bytes(100, 1)));
+        co_await require_ok(pair.a->open(large));
+        co_await require_ok(large.send(random_bytes(frame + 1, 2)));
+        co_await poll_until(pair.io, [&] { return pair.incoming_b.size() == 2; });
+    });
+    pair.run(client);
+    REQUIRE(pair.ready_on_arrival_b == std::vector<bool>{true, false});
+    auto server = spawn(pair.io, [&]() -> asio::awaitable<void> {
+        byte_buffer first, second;
+        co_await require_ok(pair.incoming_b[0].receive(first));
+        CHECK(first == random_bytes(100, 1));
+        co_await require_ok(pair.incoming_b[1].receive(second));
+        CHECK(second == random_bytes(frame + 1, 2));
+    });
+    pair.run(server);
 }
 
 TEST_CASE("the storage of a read message lands a later one, on any stream, up to a window",

@@ -240,6 +240,10 @@ public:
     /// Receives the next message. Errors: asio::error::eof once the peer ended the stream,
     /// the peer's reset code, connection_closed; cancellation resets the stream.
     HIVEMESH_DECL asio::awaitable<std::error_code> receive(byte_buffer& message);
+    /// Whether receive() would complete at once: a message, the end or a failure waits.
+    bool ready() const noexcept {
+        return !state_ || !state_->inbox.empty() || state_->failure || state_->remote_ended;
+    }
 
     /// Aborts both directions and tells the peer `code`.
     HIVEMESH_DECL void reset(errc code = errc::cancelled);

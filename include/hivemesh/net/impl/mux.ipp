@@ -392,6 +392,7 @@ HIVEMESH_DECL std::error_code mux_connection::on_settings(mux_settings& settings
 
 HIVEMESH_DECL std::error_code mux_connection::on_data(const frame& f) {
     stream_ptr s = find(f.stream);
+    bool opened = false;
     if (!s) {
         if (is_ours(f.stream)) // a stream we opened and already finished, or never opened
             return f.stream < next_local_id_ ? std::error_code{} : errc::protocol_violation;
@@ -410,7 +411,7 @@ HIVEMESH_DECL std::error_code mux_connection::on_data(const frame& f) {
         ++remote_streams_;
         ++activity_;
         ++stats_.streams_opened;
-        if (on_incoming_) on_incoming_(mux_stream(shared_from_this(), s));
+        opened = true;
     } else if (f.flags & frame_flags::open) {
         return errc::protocol_violation;
     }
@@ -420,13 +421,16 @@ HIVEMESH_DECL std::error_code mux_connection::on_data(const frame& f) {
     if (s->received - s->credited > options_.initial_window) return errc::protocol_violation;
     if (s->filled + f.payload.size() > options_.max_message_size) {
         reset(s, errc::message_too_large);
-        return {};
+    } else {
+        make_room(s, f.flags, f.payload.size());
+        const auto room = extend(s, f.payload.size());
+        std::copy(f.payload.begin(), f.payload.end(), room.begin());
+        count_buffered(f.payload.size());
+        if (auto ec = end_frame(s, f.flags, f.payload.size())) return ec;
     }
-    make_room(s, f.flags, f.payload.size());
-    const auto room = extend(s, f.payload.size());
-    std::copy(f.payload.begin(), f.payload.end(), room.begin());
-    count_buffered(f.payload.size());
-    return end_frame(s, f.flags, f.payload.size());
+    // Told after its first frame is in, so a handler started at once finds that message.
+    if (opened && on_incoming_) on_incoming_(mux_stream(shared_from_this(), s));
+    return {};
 }
 
 HIVEMESH_DECL std::span<std::byte> mux_connection::place(byte_view head, std::size_t rest) {
