@@ -32,6 +32,14 @@ function(hivemesh_quiet_gcc_flow_warnings target)
   endif()
 endfunction()
 
+# hivemesh_swarm_target(<target>): HIVEMESH_SWARM_FLAGS for a target whose code the swarm-scale
+# simulations spend their time in (hivemesh::compiled and the test programs marked SWARM), so
+# that a build of unoptimised tests, quicker to compile, still runs those at optimised speed.
+function(hivemesh_swarm_target target)
+  separate_arguments(flags UNIX_COMMAND "${HIVEMESH_SWARM_FLAGS}")
+  target_compile_options(${target} PRIVATE ${flags})
+endfunction()
+
 find_program(HIVEMESH_CCACHE ccache)
 if(HIVEMESH_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
   set(CMAKE_CXX_COMPILER_LAUNCHER "${HIVEMESH_CCACHE}" CACHE STRING "" FORCE)
