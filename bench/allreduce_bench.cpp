@@ -3,17 +3,20 @@
 // own behind a link shaped to RATE (scripts/netns-swarm.sh: veth pairs into a bridge, tc tbf
 // both ways; needs root). Rows: hivemesh's butterfly all-reduce (plaintext and encrypted
 // sessions, codecs none, float16 and blockwise_8bit, and the adaptive choice, which weighs the
-// link rate every member announces against this process's blockwise_8bit rate) and, when they
-// were found at build time, Gloo's ring and halving-doubling all-reduce over its TCP
-// transport and MPI_Allreduce under mpirun with the TCP BTL only. Prints a table and, with
+// link rate every member announces against this process's blockwise_8bit rate), the same
+// bytes in the same pattern over bare TCP sockets with no reduction (the floor for the
+// butterfly's traffic) and, when they were found at build time, Gloo's ring and
+// halving-doubling all-reduce over its TCP transport and MPI_Allreduce under mpirun with the
+// TCP BTL only. Prints a table and, with
 // --json FILE, the same as JSON; exits nonzero when any configuration failed or any process
 // got a wrong result.
 //
-// Every process of a configuration is a child: hivemesh and Gloo children are started by
-// this program (`--child hivemesh|gloo`) and talk to it over stdin/stdout; MPI children are
-// started by mpirun (`--child mpi`) and write their record to a file. Line protocol:
+// Every process of a configuration is a child: hivemesh, bare TCP and Gloo children are
+// started by this program (`--child hivemesh|tcp|gloo`) and talk to it over stdin/stdout; MPI
+// children are started by mpirun (`--child mpi`) and write their record to a file. Line
+// protocol:
 //   child: HELLO <peer id> <address> <port>
-//                                   parent: PEERS <id> <address> <port> ...   (hivemesh only)
+//                            parent: PEERS <id> <address> <port> ...   (hivemesh and tcp only)
 //   child: READY <n>                parent: GO                       (barrier n: 2 per round)
 //   child: RESULT <record>          parent: EXIT
 // A child that fails prints `ERROR <text>` and exits nonzero; a hung one dies by SIGALRM.
@@ -37,7 +40,8 @@
 // Correctness. After every round each process compares its tensor with the exact mean: within
 // float rounding for exact reductions, within the codec's error bound for float16 and
 // blockwise_8bit (far below the distance from any process's own values to the mean, so a
-// part left unaveraged is caught); hivemesh must also report every element averaged.
+// part left unaveraged is caught); hivemesh must also report every element averaged. The bare
+// TCP row reduces nothing and is not checked.
 #include <hivemesh/averaging/allreduce.hpp>
 #include <hivemesh/averaging/group.hpp>
 #include <hivemesh/averaging/load_balancing.hpp>
@@ -48,7 +52,9 @@
 #include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
+#include <asio/read.hpp>
 #include <asio/thread_pool.hpp>
+#include <asio/write.hpp>
 
 #include "program.hpp"
 #include "statistics.hpp"
@@ -67,11 +73,13 @@
 
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -86,9 +94,11 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -128,7 +138,7 @@ struct options {
     /// Whether the links differ, or some rank is a client.
     bool heterogeneous() const;
     // Child only.
-    std::string child; ///< hivemesh, gloo, mpi; empty in the driver
+    std::string child; ///< hivemesh, tcp, gloo, mpi; empty in the driver
     std::size_t rank = 0;
     std::size_t size = 0;
     std::string mode; ///< hivemesh: codec; gloo: ring or hd
@@ -180,7 +190,7 @@ std::string joined(const std::vector<std::string>& words) {
 struct system_spec {
     std::string name;  ///< for --systems
     std::string label; ///< for the table
-    std::string child; ///< hivemesh, gloo or mpi
+    std::string child; ///< hivemesh, tcp, gloo or mpi
     std::string mode;  ///< codec, or Gloo's algorithm
     bool plaintext = true;
     bool built = true;
@@ -205,6 +215,7 @@ std::vector<system_spec> all_systems() {
         {"hivemesh-8bit", "hivemesh plaintext blockwise_8bit", "hivemesh", "blockwise_8bit", true,
          true},
         {"hivemesh-adaptive", "hivemesh plaintext adaptive", "hivemesh", "adaptive", true, true},
+        {"tcp", "bare TCP, same bytes, no reduction", "tcp", "none", true, true},
         {"gloo-ring", "gloo ring", "gloo", "ring", true, gloo},
         {"gloo-hd", "gloo halving-doubling", "gloo", "hd", true, gloo},
         {"mpi", "MPI_Allreduce (Open MPI, TCP)", "mpi", "none", true, mpi},
@@ -284,7 +295,7 @@ options parse(int argc, char** argv) {
         ->type_name("C");
     // A child process of a cell (started by the driver, or by mpirun).
     app.add_option("--child", o.child, "internal: run as a child of this kind")
-        ->check(CLI::IsMember({"hivemesh", "gloo", "mpi"}))
+        ->check(CLI::IsMember({"hivemesh", "tcp", "gloo", "mpi"}))
         ->group("");
     add_count("--rank", o.rank, "internal: the child's rank")->group("");
     add_count("--size", o.size, "internal: the processes of the cell")->group("");
@@ -444,7 +455,8 @@ struct parent_link {
 };
 
 /// Runs `rounds` rounds of `reduce` (which averages `tensor` in place) with the protocol's
-/// barriers around each (numbered 2·round and 2·round + 1); checks the result after each.
+/// barriers around each (numbered 2·round and 2·round + 1); checks the result after each
+/// against `codec`'s bound (an empty `codec`: nothing is checked, nothing was reduced).
 /// `reduce` returns the fraction averaged.
 template <class Barrier, class Reduce>
 void run_rounds(const options& o, std::span<float> tensor, const std::string& codec,
@@ -465,6 +477,7 @@ void run_rounds(const options& o, std::span<float> tensor, const std::string& co
         record.ends.push_back(end);
         record.cpu_seconds.push_back(after.cpu_seconds - before.cpu_seconds);
         record.switches.push_back(after.switches - before.switches);
+        if (codec.empty()) continue;
         const double error = max_error(tensor, o.size);
         if (!(error <= record.max_error)) record.max_error = error;
         record.min_fraction = std::min(record.min_fraction, fraction);
@@ -497,6 +510,33 @@ compression::kind codec_of(const std::string& name) {
     throw std::invalid_argument("unknown codec " + name);
 }
 
+/// Whether rank k of the cell joins its hivemesh group as a client (the last --clients ranks).
+bool is_client(const options& o, std::size_t k) {
+    return k >= o.size - o.clients;
+}
+
+/// The cell's spans, rank by rank, as the averager splits the vector: by the rates the members
+/// announce (their links; 0 for a client), evenly where none is known; `uniform`: as if none
+/// were.
+std::vector<std::size_t> cell_spans(const options& o, bool uniform) {
+    std::vector<std::optional<double>> rates;
+    for (std::size_t k = 0; k < o.size; ++k) {
+        if (is_client(o, k))
+            rates.emplace_back(0.0);
+        else if (!uniform && o.link_rate(k) > 0)
+            rates.emplace_back(o.link_rate(k));
+        else
+            rates.emplace_back(std::nullopt);
+    }
+    return averaging::load_balance(o.elements, rates);
+}
+
+/// The address a child listens on and announces: --address, or loopback.
+asio::ip::address child_address(const options& o) {
+    return o.address.empty() ? asio::ip::address(asio::ip::address_v4::loopback())
+                             : asio::ip::make_address(o.address);
+}
+
 int hivemesh_child(const options& o) {
     using transport_type = net::tcp::transport;
     using service_type = averaging::allreduce_service<transport_type>;
@@ -515,8 +555,7 @@ int hivemesh_child(const options& o) {
         node_options.mux.frame_payload = node_options.mux.encrypted_frame_payload = o.frame_payload;
     if (o.mux_batch) node_options.mux.max_batch_bytes = o.mux_batch;
     net::node<transport_type> rpc(transport, crypto::identity::generate(), node_options);
-    const auto address = o.address.empty() ? asio::ip::address(asio::ip::address_v4::loopback())
-                                           : asio::ip::make_address(o.address);
+    const auto address = child_address(o);
     auto listener = transport.listen(asio::ip::tcp::endpoint(address, 0));
     const auto port = listener.local_endpoint().port();
     rpc.serve(std::move(listener));
@@ -562,17 +601,12 @@ int hivemesh_child(const options& o) {
             asio::ip::tcp::endpoint(asio::ip::make_address(peer_address), peer_port);
         // The rate a member announces: what load balancing and the adaptive choice weigh
         // (0: unknown, or a client).
-        const bool client = k >= o.size - o.clients;
+        const bool client = is_client(o, k);
         member.role = client ? averaging::member_role::client : averaging::member_role::node;
         member.bandwidth = client ? 0 : o.link_rate(k);
     }
     if (group.members[o.rank].peer.id != rpc.id()) throw std::runtime_error("not at my rank");
-    // Shares by the announced rates, as the averager splits; uniform: as if none were known.
-    auto bandwidths = averaging::announced_bandwidths(group);
-    if (o.mode == "uniform")
-        for (auto& b : bandwidths)
-            if (b != 0.0) b.reset();
-    const auto spans = averaging::load_balance(o.elements, bandwidths);
+    const auto spans = cell_spans(o, o.mode == "uniform");
 
     std::vector<float> tensor(o.elements);
     fill(tensor, o.rank);
@@ -618,6 +652,126 @@ int hivemesh_child(const options& o) {
         closed.set_value();
     });
     closed.get_future().wait();
+    return 0;
+}
+
+// ---- bare TCP child ---------------------------------------------------------------------------
+
+/// Sends all of `bytes` on a blocking socket (another thread may receive on it meanwhile).
+void send_all(int fd, const std::byte* bytes, std::size_t size) {
+    while (size > 0) {
+        const ssize_t sent = ::send(fd, bytes, size, MSG_NOSIGNAL);
+        if (sent < 0 && errno == EINTR) continue;
+        if (sent <= 0) throw std::system_error(errno, std::generic_category(), "send");
+        bytes += sent;
+        size -= static_cast<std::size_t>(sent);
+    }
+}
+
+/// Receives exactly `size` bytes on a blocking socket and drops them.
+void receive_and_drop(int fd, std::size_t size) {
+    std::vector<std::byte> landing(std::size_t{1} << 20);
+    while (size > 0) {
+        const ssize_t got = ::recv(fd, landing.data(), std::min(size, landing.size()), 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) throw std::system_error(errno, std::generic_category(), "recv");
+        if (got == 0) throw std::runtime_error("a peer closed mid-round");
+        size -= static_cast<std::size_t>(got);
+    }
+}
+
+/// The butterfly's traffic with no library: over one plain TCP connection per pair, each
+/// process sends every other one its values for that one's span and then as many bytes of its
+/// own span as the averages it would return, all peers at once, one thread per direction; what
+/// arrives is read and dropped. Nothing is reduced and the tensor is not checked: the row is
+/// the least time these links take to carry a round's bytes in this pattern.
+int tcp_child(const options& o) {
+    parent_link link;
+    asio::io_context io;
+    const auto address = child_address(o);
+    asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(address, 0));
+    link.send("HELLO - " + address.to_string() + " " +
+              std::to_string(acceptor.local_endpoint().port()));
+    std::istringstream peers(link.receive());
+    std::string word;
+    if (!(peers >> word) || word != "PEERS") throw std::runtime_error("expected PEERS");
+    std::vector<asio::ip::tcp::endpoint> endpoints;
+    for (std::size_t k = 0; k < o.size; ++k) {
+        std::string id, peer_address;
+        unsigned short peer_port = 0;
+        if (!(peers >> id >> peer_address >> peer_port))
+            throw std::runtime_error("short PEERS line");
+        endpoints.emplace_back(asio::ip::make_address(peer_address), peer_port);
+    }
+    // One connection per pair: a rank dials the lower ranks, which take its rank from the
+    // first 4 bytes, and accepts the higher ones.
+    std::vector<asio::ip::tcp::socket> sockets;
+    for (std::size_t k = 0; k < o.size; ++k)
+        sockets.emplace_back(io);
+    const auto me = static_cast<std::uint32_t>(o.rank);
+    for (std::size_t k = 0; k < o.rank; ++k) {
+        sockets[k].connect(endpoints[k]);
+        asio::write(sockets[k], asio::buffer(&me, sizeof me));
+    }
+    for (std::size_t accepted = o.rank + 1; accepted < o.size; ++accepted) {
+        asio::ip::tcp::socket socket(io);
+        acceptor.accept(socket);
+        std::uint32_t k = 0;
+        asio::read(socket, asio::buffer(&k, sizeof k));
+        if (k <= me || k >= o.size || sockets[k].is_open())
+            throw std::runtime_error("a connection from an unexpected rank");
+        sockets[k] = std::move(socket);
+    }
+
+    // Every member sends values, so each ordered pair carries the receiver's span and the
+    // sender's.
+    const auto spans = cell_spans(o, false);
+    std::vector<std::size_t> offsets(o.size, 0);
+    for (std::size_t k = 1; k < o.size; ++k)
+        offsets[k] = offsets[k - 1] + spans[k - 1];
+    std::vector<float> tensor(o.elements);
+    fill(tensor, o.rank);
+    child_record record;
+    record.baseline_kib = status_kib("VmRSS");
+    const auto span_bytes = [&](std::size_t k) {
+        return std::span<const std::byte>(reinterpret_cast<const std::byte*>(tensor.data()) +
+                                              offsets[k] * sizeof(float),
+                                          spans[k] * sizeof(float));
+    };
+
+    run_rounds(
+        o, tensor, "", record, [&](std::size_t number) { link.barrier(number); },
+        [&](std::size_t) {
+            std::vector<std::exception_ptr> failures(2 * o.size);
+            std::vector<std::thread> threads;
+            for (std::size_t k = 0; k < o.size; ++k) {
+                if (k == o.rank) continue;
+                const int fd = sockets[k].native_handle();
+                threads.emplace_back([&, k, fd] {
+                    try {
+                        for (const auto bytes : {span_bytes(k), span_bytes(o.rank)})
+                            send_all(fd, bytes.data(), bytes.size());
+                    } catch (...) {
+                        failures[2 * k] = std::current_exception();
+                    }
+                });
+                threads.emplace_back([&, k, fd] {
+                    try {
+                        receive_and_drop(fd, (spans[o.rank] + spans[k]) * sizeof(float));
+                    } catch (...) {
+                        failures[2 * k + 1] = std::current_exception();
+                    }
+                });
+            }
+            for (auto& thread : threads)
+                thread.join();
+            for (const auto& failure : failures)
+                if (failure) std::rethrow_exception(failure);
+            return 1.0;
+        });
+    record.peak_kib = status_kib("VmHWM");
+    link.send("RESULT " + record.to_line());
+    if (link.receive() != "EXIT") throw std::runtime_error("expected EXIT");
     return 0;
 }
 
@@ -705,6 +859,7 @@ int child_main(const options& o) {
     alarm(o.child_timeout); // a hung child dies and its configuration says so
     try {
         if (o.child == "hivemesh") return hivemesh_child(o);
+        if (o.child == "tcp") return tcp_child(o);
 #ifdef HIVEMESH_HAVE_GLOO
         if (o.child == "gloo") return gloo_child(o);
 #endif
@@ -1047,7 +1202,7 @@ cell run_children(const options& o, const system_spec& s, std::size_t n) {
     }
     std::vector<child_record> records;
     [&] {
-        if (s.child == "hivemesh") {
+        if (s.child == "hivemesh" || s.child == "tcp") {
             std::string peers = "PEERS";
             for (std::size_t k = 0; k < n; ++k) {
                 std::istringstream hello(receive(k));
@@ -1114,9 +1269,11 @@ cell run_mpi(const options& o, const system_spec& s, std::size_t n) {
         std::string hosts;
         for (std::size_t k = 0; k < n; ++k)
             hosts += (k ? "," : "") + spaces.addresses[k] + ":1";
-        for (std::string a :
-             {"--host", hosts.c_str(), "--mca", "plm_rsh_agent",
-              HIVEMESH_SCRIPTS_DIR "/netns-rsh.sh", "--mca", "oob_tcp_if_include", "eth0"})
+        // No rtc/hwloc: binding is off anyway, and on some kernels its orted daemons crash
+        // writing the topology into shared memory (hwloc_shmem_topology_write).
+        for (std::string a : {"--host", hosts.c_str(), "--mca", "plm_rsh_agent",
+                              HIVEMESH_SCRIPTS_DIR "/netns-rsh.sh", "--mca", "oob_tcp_if_include",
+                              "eth0", "--mca", "rtc", "^hwloc"})
             args.push_back(std::move(a));
     } else {
         args.insert(args.begin(), "--oversubscribe");
