@@ -100,6 +100,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -452,6 +453,25 @@ struct parent_link {
         send("READY " + std::to_string(number));
         if (receive() != "GO") throw std::runtime_error("expected GO");
     }
+    /// Sends HELLO with our id and where we listen; returns the PEERS line's id and endpoint
+    /// of each of the `size` ranks, rank by rank.
+    std::vector<std::pair<std::string, asio::ip::tcp::endpoint>>
+    introduce(const std::string& id, const asio::ip::tcp::endpoint& at, std::size_t size) {
+        send("HELLO " + id + " " + at.address().to_string() + " " + std::to_string(at.port()));
+        std::istringstream peers(receive());
+        std::string word;
+        if (!(peers >> word) || word != "PEERS") throw std::runtime_error("expected PEERS");
+        std::vector<std::pair<std::string, asio::ip::tcp::endpoint>> out;
+        for (std::size_t k = 0; k < size; ++k) {
+            std::string peer_id, peer_address;
+            unsigned short peer_port = 0;
+            if (!(peers >> peer_id >> peer_address >> peer_port))
+                throw std::runtime_error("short PEERS line");
+            out.emplace_back(
+                peer_id, asio::ip::tcp::endpoint(asio::ip::make_address(peer_address), peer_port));
+        }
+        return out;
+    }
 };
 
 /// Runs `rounds` rounds of `reduce` (which averages `tensor` in place) with the protocol's
@@ -584,21 +604,12 @@ int hivemesh_child(const options& o) {
         }
     } stop_io{io, io_thread};
 
-    link.send("HELLO " + rpc.id().to_string() + " " + address.to_string() + " " +
-              std::to_string(port));
-    std::istringstream peers(link.receive());
-    std::string word;
-    if (!(peers >> word) || word != "PEERS") throw std::runtime_error("expected PEERS");
+    const auto peers = link.introduce(rpc.id().to_string(), {address, port}, o.size);
     averaging::group_info<asio::ip::tcp::endpoint> group;
     for (std::size_t k = 0; k < o.size; ++k) {
-        std::string id, peer_address;
-        unsigned short peer_port = 0;
-        if (!(peers >> id >> peer_address >> peer_port))
-            throw std::runtime_error("short PEERS line");
         auto& member = group.members.emplace_back();
-        member.peer.id = crypto::peer_id::from_string(id);
-        member.peer.endpoint =
-            asio::ip::tcp::endpoint(asio::ip::make_address(peer_address), peer_port);
+        member.peer.id = crypto::peer_id::from_string(peers[k].first);
+        member.peer.endpoint = peers[k].second;
         // The rate a member announces: what load balancing and the adaptive choice weigh
         // (0: unknown, or a client).
         const bool client = is_client(o, k);
@@ -690,19 +701,7 @@ int tcp_child(const options& o) {
     asio::io_context io;
     const auto address = child_address(o);
     asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(address, 0));
-    link.send("HELLO - " + address.to_string() + " " +
-              std::to_string(acceptor.local_endpoint().port()));
-    std::istringstream peers(link.receive());
-    std::string word;
-    if (!(peers >> word) || word != "PEERS") throw std::runtime_error("expected PEERS");
-    std::vector<asio::ip::tcp::endpoint> endpoints;
-    for (std::size_t k = 0; k < o.size; ++k) {
-        std::string id, peer_address;
-        unsigned short peer_port = 0;
-        if (!(peers >> id >> peer_address >> peer_port))
-            throw std::runtime_error("short PEERS line");
-        endpoints.emplace_back(asio::ip::make_address(peer_address), peer_port);
-    }
+    const auto peers = link.introduce("-", acceptor.local_endpoint(), o.size);
     // One connection per pair: a rank dials the lower ranks, which take its rank from the
     // first 4 bytes, and accepts the higher ones.
     std::vector<asio::ip::tcp::socket> sockets;
@@ -710,7 +709,7 @@ int tcp_child(const options& o) {
         sockets.emplace_back(io);
     const auto me = static_cast<std::uint32_t>(o.rank);
     for (std::size_t k = 0; k < o.rank; ++k) {
-        sockets[k].connect(endpoints[k]);
+        sockets[k].connect(peers[k].second);
         asio::write(sockets[k], asio::buffer(&me, sizeof me));
     }
     for (std::size_t accepted = o.rank + 1; accepted < o.size; ++accepted) {
