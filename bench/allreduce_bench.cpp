@@ -7,9 +7,8 @@
 // bytes in the same pattern over bare TCP sockets with no reduction (the floor for the
 // butterfly's traffic) and, when they were found at build time, Gloo's ring and
 // halving-doubling all-reduce over its TCP transport and MPI_Allreduce under mpirun with the
-// TCP BTL only. Prints a table and, with
-// --json FILE, the same as JSON; exits nonzero when any configuration failed or any process
-// got a wrong result.
+// TCP BTL only. Prints a table and, with --json FILE, the same as JSON; exits nonzero when any
+// configuration failed or any process got a wrong result.
 //
 // Every process of a configuration is a child: hivemesh, bare TCP and Gloo children are
 // started by this program (`--child hivemesh|tcp|gloo`) and talk to it over stdin/stdout; MPI
