@@ -529,25 +529,28 @@ compression::kind codec_of(const std::string& name) {
     throw std::invalid_argument("unknown codec " + name);
 }
 
-/// Whether rank k of the cell joins its hivemesh group as a client (the last --clients ranks).
-bool is_client(const options& o, std::size_t k) {
-    return k >= o.size - o.clients;
+/// The cell's ranks as members of a hivemesh group, without their ids and endpoints: the last
+/// --clients ranks are clients, and every member announces its link's rate, what load
+/// balancing and the adaptive choice weigh (0: unknown, or a client).
+averaging::group_info<asio::ip::tcp::endpoint> cell_group(const options& o) {
+    averaging::group_info<asio::ip::tcp::endpoint> group;
+    for (std::size_t k = 0; k < o.size; ++k) {
+        auto& member = group.members.emplace_back();
+        const bool client = k >= o.size - o.clients;
+        member.role = client ? averaging::member_role::client : averaging::member_role::node;
+        member.bandwidth = client ? 0 : o.link_rate(k);
+    }
+    return group;
 }
 
 /// The cell's spans, rank by rank, as the averager splits the vector: by the rates the members
-/// announce (their links; 0 for a client), evenly where none is known; `uniform`: as if none
-/// were.
+/// announce, evenly where none is known; `uniform`: as if none were.
 std::vector<std::size_t> cell_spans(const options& o, bool uniform) {
-    std::vector<std::optional<double>> rates;
-    for (std::size_t k = 0; k < o.size; ++k) {
-        if (is_client(o, k))
-            rates.emplace_back(0.0);
-        else if (!uniform && o.link_rate(k) > 0)
-            rates.emplace_back(o.link_rate(k));
-        else
-            rates.emplace_back(std::nullopt);
-    }
-    return averaging::load_balance(o.elements, rates);
+    auto bandwidths = averaging::announced_bandwidths(cell_group(o));
+    if (uniform)
+        for (auto& b : bandwidths)
+            if (b != 0.0) b.reset();
+    return averaging::load_balance(o.elements, bandwidths);
 }
 
 /// The address a child listens on and announces: --address, or loopback.
@@ -604,16 +607,10 @@ int hivemesh_child(const options& o) {
     } stop_io{io, io_thread};
 
     const auto peers = link.introduce(rpc.id().to_string(), {address, port}, o.size);
-    averaging::group_info<asio::ip::tcp::endpoint> group;
+    auto group = cell_group(o);
     for (std::size_t k = 0; k < o.size; ++k) {
-        auto& member = group.members.emplace_back();
-        member.peer.id = crypto::peer_id::from_string(peers[k].first);
-        member.peer.endpoint = peers[k].second;
-        // The rate a member announces: what load balancing and the adaptive choice weigh
-        // (0: unknown, or a client).
-        const bool client = is_client(o, k);
-        member.role = client ? averaging::member_role::client : averaging::member_role::node;
-        member.bandwidth = client ? 0 : o.link_rate(k);
+        group.members[k].peer.id = crypto::peer_id::from_string(peers[k].first);
+        group.members[k].peer.endpoint = peers[k].second;
     }
     if (group.members[o.rank].peer.id != rpc.id()) throw std::runtime_error("not at my rank");
     const auto spans = cell_spans(o, o.mode == "uniform");
