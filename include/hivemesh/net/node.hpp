@@ -22,10 +22,12 @@
 
 #include <asio/async_result.hpp>
 #include <asio/bind_cancellation_slot.hpp>
+#include <asio/error.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/this_coro.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -108,10 +110,13 @@ inline std::string rate_limit_error(const node_options& options) {
 
 /// Counters and current figures of a node, for monitoring and tests.
 struct node_statistics {
-    std::uint64_t accept_errors = 0;        ///< accepts that failed (e.g. out of descriptors)
-    std::uint64_t handshakes_refused = 0;   ///< connections closed at max_pending_handshakes
-    std::size_t pending_handshakes = 0;     ///< incoming connections in their handshake now
-    std::uint64_t connections_refused = 0;  ///< closed after the handshake: peer at its cap
+    std::uint64_t accept_errors = 0;       ///< accepts that failed (e.g. out of descriptors)
+    std::uint64_t handshakes_refused = 0;  ///< connections closed at max_pending_handshakes
+    std::size_t pending_handshakes = 0;    ///< incoming connections in their handshake now
+    std::uint64_t connections_refused = 0; ///< closed after the handshake: peer at its cap
+    /// Idle connections closed to make room: under max_connections, or to free a
+    /// descriptor for a dial or an accept when the process had none left.
+    std::uint64_t connections_evicted = 0;
     std::uint64_t handshakes_completed = 0; ///< secure handshakes done, either side
     std::uint64_t handshakes_resumed = 0;   ///< of those, the ones that resumed a ticket
     /// Streams peers opened past mux_options::max_streams (reset with `refused`), on every
@@ -288,9 +293,19 @@ private:
     secure_stream<Stream> stream_;
 };
 
-/// Maps transport errors to the RPC layer's codes.
+/// Whether `ec` says the process (or the system) has no file descriptor left. Compared by
+/// value: Asio's own system category does not map these to std::errc.
+inline bool out_of_descriptors(std::error_code ec) {
+    const bool errno_value = ec.category() == asio::error::get_system_category() ||
+                             ec.category() == std::system_category() ||
+                             ec.category() == std::generic_category();
+    return errno_value && (ec.value() == EMFILE || ec.value() == ENFILE);
+}
+
+/// Maps transport errors to the RPC layer's codes; running out of descriptors stays as it is.
 inline std::error_code to_rpc_error(std::error_code ec) {
     if (!ec || ec.category() == hivemesh_category()) return ec;
+    if (out_of_descriptors(ec)) return ec; // a local shortage, not the peer's doing
     if (ec == asio::error::connection_refused) return errc::refused;
     if (ec == asio::error::timed_out) return errc::timeout;
     if (ec == asio::error::operation_aborted) return errc::cancelled;
@@ -371,7 +386,8 @@ public:
     /// Completion: void(std::error_code, byte_buffer response). Errors: timeout, cancelled
     /// (the token's cancellation slot was emitted), unreachable, refused (no such method,
     /// nothing listening), handshake_failed, peer_id_mismatch, connection_closed,
-    /// message_too_large, protocol_violation, or the handler's own error code.
+    /// message_too_large, protocol_violation, the system's too-many-open-files error (out
+    /// of descriptors with no idle connection to close), or the handler's own error code.
     template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, byte_buffer)) Token = default_token_t>
     auto async_call(peer target, std::string method, byte_buffer request, duration timeout,
                     Token&& token = default_token_t{}) {
@@ -520,9 +536,13 @@ private:
                       const mux_connection* connection);
     static void mark_used(const state_ptr& st, pooled_connection& pooled);
 
+    /// Closes the least recently used idle connection; false if none is idle. A connection
+    /// that never carried a stream is not idle but new: its dialer is about to call on it
+    /// (closing it would fail that call).
+    static bool close_idle(const state_ptr& st);
+
     /// Closes least recently used idle connections until one more fits under
-    /// max_connections, or none is idle. A connection that never carried a stream is not
-    /// idle but new: its dialer is about to call on it (closing it would fail that call).
+    /// max_connections, or none is idle.
     static void make_room(const state_ptr& st);
 
     /// Runs `handshake` on `stream`, closing the stream if it takes longer than the dial

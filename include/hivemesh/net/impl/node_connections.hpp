@@ -179,15 +179,21 @@ void node<Transport>::touch(const state_ptr& st, const crypto::peer_id& remote,
 }
 
 template <transport Transport>
+bool node<Transport>::close_idle(const state_ptr& st) {
+    const auto idle = std::find_if(st->by_use.begin(), st->by_use.end(), [](const auto& entry) {
+        const mux_connection& c = *entry.second;
+        return c.is_open() && c.stream_count() == 0 && c.activity() > 0;
+    });
+    if (idle == st->by_use.end()) return false;
+    ++st->statistics.connections_evicted;
+    // Its descriptor is released at once, and it leaves the pool (kept alive meanwhile).
+    idle->second->shared_from_this()->close();
+    return true;
+}
+
+template <transport Transport>
 void node<Transport>::make_room(const state_ptr& st) {
-    // Pooled connections are open: closing one removes it from the pool at once.
-    while (st->by_use.size() >= st->options.max_connections) {
-        const auto idle = std::find_if(st->by_use.begin(), st->by_use.end(), [](const auto& entry) {
-            const mux_connection& c = *entry.second;
-            return c.is_open() && c.stream_count() == 0 && c.activity() > 0;
-        });
-        if (idle == st->by_use.end()) return;
-        idle->second->shared_from_this()->close(); // kept alive while it leaves the pool
+    while (st->by_use.size() >= st->options.max_connections && close_idle(st)) {
     }
 }
 
@@ -326,22 +332,33 @@ asio::awaitable<void> node<Transport>::run_dial(state_ptr st, peer target,
                                                 std::shared_ptr<pending_dial> dial) {
     using namespace asio::experimental::awaitable_operators;
     timer_type timer(st->executor);
-    timer.expires_after(st->options.dial_timeout);
-    auto connected =
-        co_await (st->transport.async_connect(target.endpoint,
-                                              asio::experimental::as_tuple(asio::use_awaitable)) ||
-                  timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+    timer.expires_after(st->options.dial_timeout); // for every attempt together
+    // Out of descriptors, the dial tries again after closing an idle connection of ours,
+    // a few times at most (another thread may take the descriptor first).
+    constexpr int max_attempts = 4;
     std::error_code ec;
-    if (connected.index() == 0) {
+    for (int attempt = 1;; ++attempt) {
+        auto connected =
+            co_await (st->transport.async_connect(
+                          target.endpoint, asio::experimental::as_tuple(asio::use_awaitable)) ||
+                      timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        if (connected.index() == 1) {
+            ec = errc::timeout;
+            break;
+        }
         auto& [connect_error, stream] = std::get<0>(connected);
+        if (detail::out_of_descriptors(connect_error) && attempt < max_attempts && !st->closed &&
+            close_idle(st)) {
+            log::debug("net", "out of descriptors: closed an idle connection to dial");
+            continue;
+        }
         ec = detail::to_rpc_error(connect_error);
         if (!ec) {
             std::shared_ptr<mux_connection> connection;
             ec =
                 co_await secure(st, std::move(stream), crypto::role::dialer, target.id, connection);
         }
-    } else {
-        ec = errc::timeout;
+        break;
     }
     if (ec) log::debug("net", "dial ", target.id.short_string(), " failed: ", ec.message());
     dial->result = ec;
@@ -354,8 +371,9 @@ asio::awaitable<void> node<Transport>::run_dial(state_ptr st, peer target,
 template <transport Transport>
 asio::awaitable<void> node<Transport>::accept_loop(state_ptr st, std::shared_ptr<listening> l) {
     // Failures such as EMFILE repeat at once (accept() takes a descriptor before it looks
-    // for a connection): pause rather than spin on the io thread, doubling the pause
-    // while they go on. A failure after a quiet spell starts a new episode.
+    // for a connection): unless an idle connection can give up its descriptor, pause
+    // rather than spin on the io thread, doubling the pause while they go on. A failure
+    // after a quiet spell starts a new episode.
     constexpr duration first_pause = 10ms, longest_pause = 1s;
     duration pause = first_pause;
     std::optional<time_point> last_failure;
@@ -375,6 +393,13 @@ asio::awaitable<void> node<Transport>::accept_loop(state_ptr st, std::shared_ptr
         }
         if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) break;
         ++st->statistics.accept_errors;
+        // Out of descriptors: an idle connection of ours gives its one to the newcomer. As
+        // accept() fails before it looks, the accept after one at the limit fails too even
+        // with no one waiting: that closes a connection early and keeps its descriptor spare.
+        if (detail::out_of_descriptors(ec) && close_idle(st)) {
+            log::debug("net", "out of descriptors: closed an idle connection to accept");
+            continue;
+        }
         const time_point now = transport_now<Transport>(st->executor);
         if (!last_failure || now - *last_failure > 2 * longest_pause) {
             log::warning("net", "accept failed: ", ec.message(), "; retrying with pauses");
