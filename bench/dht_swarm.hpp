@@ -45,6 +45,8 @@ struct phase_result {
     std::size_t succeeded = 0;
     double seconds = 0;
     std::uint64_t requests = 0; ///< DHT requests the nodes sent meanwhile, 0 if unknown
+    /// Secure handshakes the nodes completed meanwhile, dialing or accepting; 0 if unknown.
+    std::uint64_t handshakes = 0;
 };
 
 /// The nodes of one process. Methods are called from the main thread, one at a time.

@@ -11,6 +11,7 @@
 //                                              READY <failed> <seconds> <connection cap>
 //   parent: STORE|GET <first> <count>   child: LAT <ms> ...
 //                                              DONE <tried> <ok> <seconds> <requests sent>
+//                                                   <handshakes>
 //   parent: QUIT                        child: MEM <base KiB> <final KiB>, exits 0
 // A multi-process row starts process 0, then the others bootstrapped to process 0's nodes;
 // every process stores its share of the keys and gets the keys the next process stored.
@@ -164,6 +165,7 @@ public:
         }
         const time_point expiration = wall_clock().now() + std::chrono::hours(1);
         const std::uint64_t requests_before = requests_sent();
+        const std::uint64_t handshakes_before = handshakes();
         auto result = run_operations(
             count, config_.concurrency, [&](std::size_t i, std::function<void(bool)> finish) {
                 const std::string key = key_of(first + i);
@@ -183,6 +185,7 @@ public:
                 }
             });
         result.requests = requests_sent() - requests_before;
+        result.handshakes = handshakes() - handshakes_before;
         return result;
     }
 
@@ -197,22 +200,35 @@ private:
 
     rpc_node_type::peer address(std::size_t i) const { return {rpcs_[i]->id(), endpoints_[i]}; }
 
-    /// DHT requests sent by all nodes so far (or those that failed), read on each node's
-    /// own thread.
-    std::uint64_t requests_sent(bool failed_only = false) {
+    /// The sum of count(i) over the nodes, each read on its node's own thread.
+    template <class Count>
+    std::uint64_t sum_over_nodes(Count count) {
         std::uint64_t total = 0;
         for (std::size_t t = 0; t < ios_.size(); ++t) {
             std::promise<std::uint64_t> sum;
             asio::post(*ios_[t], [&] {
                 std::uint64_t n = 0;
                 for (std::size_t i = t; i < dhts_.size(); i += ios_.size())
-                    n += failed_only ? dhts_[i]->statistics().requests_failed
-                                     : dhts_[i]->statistics().requests_sent;
+                    n += count(i);
                 sum.set_value(n);
             });
             total += sum.get_future().get();
         }
         return total;
+    }
+
+    /// DHT requests sent by all nodes so far (or those that failed).
+    std::uint64_t requests_sent(bool failed_only = false) {
+        return sum_over_nodes([&](std::size_t i) {
+            return failed_only ? dhts_[i]->statistics().requests_failed
+                               : dhts_[i]->statistics().requests_sent;
+        });
+    }
+
+    /// Secure handshakes all nodes completed so far, dialing or accepting.
+    std::uint64_t handshakes() {
+        return sum_over_nodes(
+            [&](std::size_t i) { return rpcs_[i]->statistics().handshakes_completed; });
     }
 
     host_config config_;
@@ -359,8 +375,9 @@ int host_main(const options& o, std::size_t descriptor_limit) {
             std::string text = "LAT";
             for (const double ms : r.latencies_ms)
                 text += program::format(" %.3f", ms);
-            std::printf("%s\nDONE %zu %zu %.6f %llu\n", text.c_str(), r.attempted, r.succeeded,
-                        r.seconds, static_cast<unsigned long long>(r.requests));
+            std::printf("%s\nDONE %zu %zu %.6f %llu %llu\n", text.c_str(), r.attempted, r.succeeded,
+                        r.seconds, static_cast<unsigned long long>(r.requests),
+                        static_cast<unsigned long long>(r.handshakes));
             std::fflush(stdout);
         } else if (command == "QUIT") {
             std::printf("MEM %zu %zu\n", base, rss_kib());
@@ -438,13 +455,18 @@ void send_line(child& c, const std::string& line) {
 
 struct phase_row {
     std::size_t attempted = 0, succeeded = 0;
-    std::uint64_t requests = 0; ///< DHT requests sent meanwhile (hivemesh only)
+    std::uint64_t requests = 0;   ///< DHT requests sent meanwhile (hivemesh only)
+    std::uint64_t handshakes = 0; ///< handshakes completed meanwhile, both ends (hivemesh only)
     double seconds = 0, p50 = 0, p99 = 0;
     double success() const { return attempted ? 100.0 * succeeded / attempted : 0; }
     double ops_per_second() const { return seconds > 0 ? attempted / seconds : 0; }
-    double requests_per_op() const {
-        return attempted ? static_cast<double>(requests) / static_cast<double>(attempted) : 0;
+    double per_op(double count) const {
+        return attempted ? count / static_cast<double>(attempted) : 0;
     }
+    double requests_per_op() const { return per_op(static_cast<double>(requests)); }
+    /// Connections opened per operation: every connection among the swarm's nodes has
+    /// both its ends in the swarm's processes, so two handshakes each.
+    double connections_per_op() const { return per_op(static_cast<double>(handshakes) / 2); }
 };
 
 struct row {
@@ -560,9 +582,10 @@ row run_row(const options& o, const std::string& system, std::size_t processes,
                 std::istringstream done(expect(c, "DONE").substr(5));
                 std::size_t attempted = 0, succeeded = 0;
                 double seconds = 0;
-                std::uint64_t requests = 0;
-                done >> attempted >> succeeded >> seconds >> requests;
+                std::uint64_t requests = 0, handshakes = 0;
+                done >> attempted >> succeeded >> seconds >> requests >> handshakes;
                 out.requests += requests;
+                out.handshakes += handshakes;
                 out.attempted += attempted;
                 out.succeeded += succeeded;
                 out.seconds = std::max(out.seconds, seconds);
@@ -598,25 +621,30 @@ row run_row(const options& o, const std::string& system, std::size_t processes,
 }
 
 void print_table(const std::vector<row>& rows) {
-    std::printf("\n%-9s %6s %5s %7s %9s %9s %8s %7s %9s %9s %8s %7s %9s %9s  %s\n", "system",
+    std::printf("\n%-9s %6s %5s %7s %9s %9s %8s %7s %9s %9s %8s %7s %9s %9s %9s  %s\n", "system",
                 "nodes", "procs", "setup s", "store p50", "store p99", "store/s", "store%",
-                "get p50", "get p99", "get/s", "get%", "KiB/node", "req/op", "note");
+                "get p50", "get p99", "get/s", "get%", "KiB/node", "req/op", "conn/op", "note");
     for (const auto& r : rows) {
         if (!r.ran) {
             std::printf("%-9s %6zu %5zu %s\n", r.system.c_str(), r.nodes, r.processes,
                         r.note.c_str());
             continue;
         }
+        const bool counted = r.store.requests && r.get.attempted; // hivemesh only
         const std::string requests =
-            r.store.requests && r.get.attempted
+            counted
                 ? program::format("%.1f/%.1f", r.store.requests_per_op(), r.get.requests_per_op())
                 : "-";
+        const std::string connections =
+            counted ? program::format("%.1f/%.1f", r.store.connections_per_op(),
+                                      r.get.connections_per_op())
+                    : "-";
         std::printf("%-9s %6zu %5zu %7.1f %7.2fms %7.2fms %8.0f %6.1f%% %7.2fms %7.2fms %8.0f "
-                    "%6.1f%% %9.1f %9s  %s\n",
+                    "%6.1f%% %9.1f %9s %9s  %s\n",
                     r.system.c_str(), r.nodes, r.processes, r.setup_seconds, r.store.p50,
                     r.store.p99, r.store.ops_per_second(), r.store.success(), r.get.p50, r.get.p99,
                     r.get.ops_per_second(), r.get.success(), r.kib_per_node, requests.c_str(),
-                    r.note.c_str());
+                    connections.c_str(), r.note.c_str());
     }
     std::fflush(stdout);
 }
@@ -638,7 +666,8 @@ void write_json(const std::string& path, const options& o, const std::vector<row
                                       {"ops_per_second", p.ops_per_second()},
                                       {"p50_ms", p.p50},
                                       {"p99_ms", p.p99},
-                                      {"requests_per_op", p.requests_per_op()}};
+                                      {"requests_per_op", p.requests_per_op()},
+                                      {"connections_per_op", p.connections_per_op()}};
     };
     for (const auto& r : rows) {
         nlohmann::ordered_json j = {{"system", r.system},
