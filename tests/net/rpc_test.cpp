@@ -653,6 +653,15 @@ TEMPLATE_TEST_CASE("peers that met resume their handshakes, dialing either way, 
     CHECK(resumed(server) == 1); // the server's offer got a full handshake
 }
 
+/// The peers `node` holds connections to, as text.
+template <class Node>
+std::set<std::string> remotes(const Node& node) {
+    std::set<std::string> out;
+    for (const auto& info : node.connections())
+        out.insert(info.remote.to_string());
+    return out;
+}
+
 TEMPLATE_TEST_CASE("max_connections closes the least recently used idle connection", "[net][rpc]",
                    sim_world, tcp_world) {
     TestType world;
@@ -675,12 +684,6 @@ TEMPLATE_TEST_CASE("max_connections closes the least recently used idle connecti
                                  co_return std::error_code{};
                              });
     }
-    const auto remotes = [](auto& node) {
-        std::set<std::string> out;
-        for (const auto& info : node.connections())
-            out.insert(info.remote.to_string());
-        return out;
-    };
     REQUIRE_FALSE(call(world, *client.node, a.peer(), "echo", {}).ec);
     REQUIRE_FALSE(call(world, *client.node, b.peer(), "echo", {}).ec);
     REQUIRE_FALSE(call(world, *client.node, a.peer(), "echo", {}).ec); // b is now the oldest
@@ -1050,12 +1053,6 @@ TEST_CASE("out of descriptors, a node closes its least recently used idle connec
     host<tcp_world> hub(world, 1), a(world, 2), b(world, 3), c(world, 4), lone(world, 5);
     for (auto* h : {&a, &b, &c})
         add_echo(*h);
-    const auto remotes = [](auto& node) {
-        std::set<std::string> out;
-        for (const auto& info : node.connections())
-            out.insert(info.remote.to_string());
-        return out;
-    };
     REQUIRE_FALSE(call(world, *hub.node, a.peer(), "echo", {}).ec);
     REQUIRE_FALSE(call(world, *hub.node, b.peer(), "echo", {}).ec); // a is now the oldest
     asio::ip::tcp::socket raw(world.io); // connects later without a new descriptor
