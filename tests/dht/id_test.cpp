@@ -205,6 +205,7 @@ TEST_CASE("distances order as big-endian numbers", "[dht]") {
         const id& a = values[i];
         const id& b = values[i + 1];
         CHECK(hivemesh::dht::closer(target, a, b) == less_big_endian(a ^ target, b ^ target));
+        CHECK(hivemesh::dht::closer(target, b, a) == less_big_endian(b ^ target, a ^ target));
     }
     CHECK_FALSE(hivemesh::dht::closer(target, target, target));
 
