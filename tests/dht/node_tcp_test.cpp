@@ -1,5 +1,6 @@
 // The DHT node with 20 peers: every case runs over loopback TCP and on the simulated network.
 #include "support/bytes.hpp"
+#include "support/descriptors.hpp"
 #include "support/dht_attacks.hpp"
 #include "support/swarm_checks.hpp"
 
@@ -503,4 +504,44 @@ TEMPLATE_TEST_CASE("malformed requests are refused and their sender penalised", 
     CHECK(sec == errc::store_refused);
     REQUIRE(outcome.refusal);
     CHECK(*outcome.refusal == dht::store_status::too_large);
+}
+
+TEST_CASE("requests that fail for want of descriptors do not count against the peer",
+          "[dht][node][tcp]") {
+#ifdef HIVEMESH_TEST_UBSAN
+    // UBSan's vptr check needs a free descriptor; the build without UBSan runs this test.
+    WARN("skipped under UBSan");
+    return;
+#endif
+    swarm<tcp_world> s;
+    s.rpc_options.idle_timeout = 100ms; // so that the node holds no connection to close
+    s.add(1);
+    s.add(2);
+    test::bootstrap(s, 1);
+    auto& node = *s.members[0].dht;
+    const dht::id peer = s.members[1].dht->id();
+    REQUIRE(node.table().find(peer) != nullptr);
+    REQUIRE(s.world.run_until([&] {
+        return s.members[0].rpc->connection_count() == 0 &&
+               s.members[1].rpc->connection_count() == 0;
+    }));
+
+    // Every get asks the peer, and every one fails before a connection exists. Counted
+    // against the peer, the first failure would blacklist it and the later gets would skip
+    // it; the fourth would also drop it from the table (max_failures 3).
+    test::descriptor_squeeze squeeze;
+    squeeze.take_all();
+    const std::uint64_t failed_before = node.statistics().requests_failed;
+    for (int i = 0; i < 4; ++i) {
+        auto [ec, entry] = get(s, 0, bytes_of("nowhere"));
+        CHECK(ec);
+    }
+    CHECK(node.statistics().requests_failed - failed_before == 4);
+    CHECK(node.table().find(peer) != nullptr);
+
+    // Descriptors back, the peer is asked at once and answers.
+    squeeze.release();
+    auto [ec, entry] = get(s, 0, bytes_of("nowhere"));
+    CHECK(ec == errc::not_found);
+    CHECK(node.statistics().requests_failed - failed_before == 4);
 }

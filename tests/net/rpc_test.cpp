@@ -1,5 +1,6 @@
 // The RPC suite: every case runs on the simulated network and on loopback TCP.
 #include "support/bytes.hpp"
+#include "support/descriptors.hpp"
 #include "support/echo.hpp"
 #include "support/identities.hpp"
 #include "support/windows.hpp"
@@ -21,14 +22,9 @@
 
 #include <catch2/catch.hpp>
 
-#include <fcntl.h>
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <set>
@@ -42,6 +38,7 @@ using namespace std::chrono_literals;
 namespace {
 
 using test::add_echo_handler;
+using test::descriptor_squeeze;
 using test::identity_of;
 using test::random_bytes;
 using test::sim_world;
@@ -953,39 +950,6 @@ TEST_CASE("under an upload cap, a small call waits for one burst of bulk data, n
     REQUIRE(world.run_until([&] { return *done; }, 60s));
     CHECK(received == total);
 }
-
-/// Leaves the process no free descriptor: take_all() fills every free descriptor number up
-/// to the highest in use, then lowers the soft limit past it; release() (or the
-/// destructor) undoes both.
-struct descriptor_squeeze {
-    rlimit before{};
-    bool saved = ::getrlimit(RLIMIT_NOFILE, &before) == 0;
-    std::vector<int> fillers;
-
-    void take_all() {
-        REQUIRE(saved);
-        int highest = 0;
-        for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
-            highest = std::max(highest, std::stoi(entry.path().filename().string()));
-        while (true) {
-            const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-            REQUIRE(fd >= 0);
-            fillers.push_back(fd);
-            if (fd >= highest) break;
-        }
-        rlimit tight = before;
-        tight.rlim_cur = static_cast<rlim_t>(fillers.back()) + 1;
-        REQUIRE(::setrlimit(RLIMIT_NOFILE, &tight) == 0);
-        REQUIRE(::open("/dev/null", O_RDONLY | O_CLOEXEC) == -1);
-    }
-    void release() {
-        if (saved) ::setrlimit(RLIMIT_NOFILE, &before);
-        for (int fd : fillers)
-            ::close(fd);
-        fillers.clear();
-    }
-    ~descriptor_squeeze() { release(); }
-};
 
 TEST_CASE("an accept that keeps failing (no descriptors left) is retried after pauses, not in a "
           "busy loop, and the node accepts again once it can",

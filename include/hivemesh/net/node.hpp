@@ -263,6 +263,16 @@ private:
     std::error_code status_;
 };
 
+/// Whether `ec` says this process (or the system) has no file descriptor left (EMFILE,
+/// ENFILE): a shortage of our own, which says nothing about the peer a call was for.
+/// Compared by value, since Asio's own system category does not map these to std::errc.
+inline bool out_of_descriptors(std::error_code ec) {
+    const bool errno_value = ec.category() == asio::error::get_system_category() ||
+                             ec.category() == std::system_category() ||
+                             ec.category() == std::generic_category();
+    return errno_value && (ec.value() == EMFILE || ec.value() == ENFILE);
+}
+
 namespace detail {
 
 /// The secure session as the multiplexer's record channel.
@@ -292,15 +302,6 @@ public:
 private:
     secure_stream<Stream> stream_;
 };
-
-/// Whether `ec` says the process (or the system) has no file descriptor left. Compared by
-/// value: Asio's own system category does not map these to std::errc.
-inline bool out_of_descriptors(std::error_code ec) {
-    const bool errno_value = ec.category() == asio::error::get_system_category() ||
-                             ec.category() == std::system_category() ||
-                             ec.category() == std::generic_category();
-    return errno_value && (ec.value() == EMFILE || ec.value() == ENFILE);
-}
 
 /// Maps transport errors to the RPC layer's codes; running out of descriptors stays as it is.
 inline std::error_code to_rpc_error(std::error_code ec) {

@@ -91,7 +91,8 @@ asio::awaitable<net::call_result> node<Transport>::call(state_ptr st, contact_ty
     if (st->closed) co_return net::call_result{errc::cancelled, {}};
     if (ec) {
         ++st->stats.requests_failed;
-        note_failure(st, c);
+        // Out of descriptors, we could not even try: the peer is not to blame.
+        if (!net::out_of_descriptors(ec)) note_failure(st, c);
     } else {
         note_alive(st, c);
     }

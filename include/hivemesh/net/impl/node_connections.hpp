@@ -347,7 +347,7 @@ asio::awaitable<void> node<Transport>::run_dial(state_ptr st, peer target,
             break;
         }
         auto& [connect_error, stream] = std::get<0>(connected);
-        if (detail::out_of_descriptors(connect_error) && attempt < max_attempts && !st->closed &&
+        if (out_of_descriptors(connect_error) && attempt < max_attempts && !st->closed &&
             close_idle(st)) {
             log::debug("net", "out of descriptors: closed an idle connection to dial");
             continue;
@@ -396,7 +396,7 @@ asio::awaitable<void> node<Transport>::accept_loop(state_ptr st, std::shared_ptr
         // Out of descriptors: an idle connection of ours gives its one to the newcomer. As
         // accept() fails before it looks, the accept after one at the limit fails too even
         // with no one waiting: that closes a connection early and keeps its descriptor spare.
-        if (detail::out_of_descriptors(ec) && close_idle(st)) {
+        if (out_of_descriptors(ec) && close_idle(st)) {
             log::debug("net", "out of descriptors: closed an idle connection to accept");
             continue;
         }
