@@ -1,4 +1,5 @@
-// The DHT node with 20 peers: every case runs over loopback TCP and on the simulated network.
+// The DHT node with 20 peers: every case runs over loopback TCP and on the simulated network,
+// but the one that runs the process out of descriptors (TCP only).
 #include "support/bytes.hpp"
 #include "support/descriptors.hpp"
 #include "support/dht_attacks.hpp"
@@ -527,8 +528,8 @@ TEST_CASE("requests that fail for want of descriptors do not count against the p
     }));
 
     // Every get asks the peer, and every one fails before a connection exists. Counted
-    // against the peer, the first failure would blacklist it and the later gets would skip
-    // it; the fourth would also drop it from the table (max_failures 3).
+    // against the peer, the first failure would blacklist it, and the later gets (and the
+    // one after the shortage, within the blacklist's second) would not ask it.
     test::descriptor_squeeze squeeze;
     squeeze.take_all();
     const std::uint64_t failed_before = node.statistics().requests_failed;
@@ -541,7 +542,9 @@ TEST_CASE("requests that fail for want of descriptors do not count against the p
 
     // Descriptors back, the peer is asked at once and answers.
     squeeze.release();
+    const std::uint64_t sent_before = node.statistics().requests_sent;
     auto [ec, entry] = get(s, 0, bytes_of("nowhere"));
     CHECK(ec == errc::not_found);
+    CHECK(node.statistics().requests_sent > sent_before);
     CHECK(node.statistics().requests_failed - failed_before == 4);
 }
