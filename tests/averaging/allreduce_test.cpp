@@ -760,6 +760,78 @@ TEST_CASE("allreduce: a member whose process is gone (dials refused, its connect
     }
 }
 
+TEST_CASE("allreduce: a sender's streams keep pace with its slowest: none starts a part more "
+          "than allreduce_pace_parts ahead of it, the slow one is not held, the round is exact",
+          "[allreduce]") {
+    for (const double bound : {0.0, 10.0}) { // with the bound, reducers stage parts
+        INFO("max_norm_ratio " << bound);
+        auto options = allreduce_group<sim_world>::small_parts();
+        options.max_norm_ratio = bound;
+        // Spans of 10,000 floats: 40 parts of 250 to each reducer.
+        allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 40'000,
+                                     options);
+        const std::size_t parts = 40, slow = 1;
+        const duration delay = 50ms; // before each of peer 0's parts to member 1
+        // While stream `slow` waits here before part q, it has written q parts.
+        std::size_t slow_part = 0, largest_lead = 0, others_started = 0;
+        averaging::allreduce_hooks hooks;
+        hooks.before_send = [&](std::size_t k, std::size_t p) {
+            if (k == slow) {
+                slow_part = p;
+                return delay;
+            }
+            ++others_started;
+            largest_lead = std::max(largest_lead, p - std::min(p, slow_part));
+            return duration::zero();
+        };
+        g.peers[0].service->set_hooks(hooks);
+        g.run(60s);
+
+        CHECK(others_started == 2 * parts);
+        CHECK(largest_lead == averaging::allreduce_pace_parts);
+        for (std::size_t i = 0; i < g.peers.size(); ++i) {
+            INFO("peer " << i);
+            CHECK_FALSE(g.peers[i].outcome->first);
+            CHECK(g.peers[i].outcome->second.fraction_averaged() == 1);
+            g.check_consistent(i);
+        }
+        // The slow stream's delays add up to 2 s; pacing holds the others, not it.
+        CHECK(g.peers[0].finished_at - g.started_at >= parts * delay);
+        CHECK(g.peers[0].finished_at - g.started_at < parts * delay + 500ms);
+    }
+}
+
+TEST_CASE("allreduce: a stream that stops making progress holds the sender's others for a "
+          "quarter of sender_timeout at most, so their reducers keep the sender",
+          "[allreduce][faults]") {
+    const auto options = allreduce_group<sim_world>::small_parts(); // sender_timeout 2 s
+    allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 40'000, options);
+    const std::size_t stalled = 1;
+    averaging::allreduce_hooks hooks;
+    hooks.before_send = [&](std::size_t k, std::size_t p) {
+        return k == stalled && p == 2 ? duration(3s) : duration::zero();
+    };
+    g.peers[0].service->set_hooks(hooks);
+    g.run(60s);
+
+    // Spans of 10,000 floats, parts of 250: part q of a span is (begin % 10000) / 250.
+    for (std::size_t i = 0; i < g.peers.size(); ++i) {
+        INFO("peer " << i);
+        const auto& [ec, result] = *g.peers[i].outcome;
+        CHECK_FALSE(ec);
+        g.check_consistent(i);
+        for (const auto& part : result.parts) {
+            if (part.reducer == 0) continue;
+            INFO("reducer " << part.reducer << ", part " << (part.begin % 10'000) / 250);
+            // Member 1 dropped peer 0 after 2 s of silence (peer 0 keeps that span's later
+            // parts local); the others had all its parts.
+            const bool kept = part.reducer != stalled || (part.begin % 10'000) / 250 < 2;
+            CHECK(part.averaged() == (kept || i != 0));
+            if (part.averaged()) CHECK(part.contributors[0] == kept);
+        }
+    }
+}
+
 TEST_CASE("allreduce: a round that ends while its values are being written from where they are "
           "closes that connection, so nothing reads them after it, and the next round redials",
           "[allreduce][faults]") {

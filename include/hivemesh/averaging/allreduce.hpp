@@ -19,6 +19,12 @@
 // So every element ends either averaged over the contributors its part_outcome names, or at
 // the peer's own value.
 //
+// Pacing: a sender's streams to the reducers share its uplink, which TCP does not split
+// evenly, and a reducer whose parts fall behind holds back the averages it owes everyone.
+// So none of a sender's open streams gets more than allreduce_pace_parts parts (in shares
+// of the spans) ahead of the one furthest behind, unless that one made no progress for a
+// quarter of sender_timeout (a stalled reducer must not make the others drop us).
+//
 // Hostile values (each reported in the part outcomes, never an error of the round):
 // - a sender's part holding a NaN or infinity, or (with allreduce_options::max_norm_ratio)
 //   whose norm is far above the others', is left out of that part's mean, its weight too;
@@ -71,6 +77,10 @@
 namespace hivemesh::averaging {
 
 using namespace std::chrono_literals;
+
+/// How many parts, in shares of the spans, one of a sender's streams may run ahead of its
+/// slowest (see "Pacing" above).
+inline constexpr std::size_t allreduce_pace_parts = 2;
 
 struct allreduce_options {
     /// RPC method the reducers serve (one per averager, e.g. "<prefix>.allreduce").

@@ -41,6 +41,9 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
         std::size_t parts_written = 0;
         bool sending_ended = false;
         std::unique_ptr<wakeup> part_written;
+        /// Waiting for our other streams to catch up (paced_out); woken by their progress.
+        bool pacing = false;
+        std::unique_ptr<wakeup> others_progressed;
     };
 
     round(state_ptr s, group_type g, std::size_t m, std::vector<std::size_t> sizes,
@@ -135,6 +138,29 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
     const allreduce_hooks& hooks() const { return st->hooks; }
     bool bounded() const { return st->options.max_norm_ratio > 0; }
 
+    /// True if part p to reducer k must wait for our other open streams (the pacing in
+    /// allreduce.hpp). The one furthest behind is never held, so nothing waits in a cycle;
+    /// one that made no progress for pace_patience() holds nobody.
+    bool paced_out(std::size_t k, std::size_t p) const {
+        const std::size_t parts = parts_of(k);
+        const time_point stalled = now() - pace_patience();
+        for (std::size_t i = 0; i < reducers.size(); ++i) {
+            const auto& other = reducers[i];
+            if (i == k || !other.active || !other.stream || other.sending_ended ||
+                other.last_progress <= stalled)
+                continue;
+            if (p * parts_of(i) > (other.parts_written + allreduce_pace_parts) * parts) return true;
+        }
+        return false;
+    }
+    /// Well within sender_timeout, so that the reducers of held streams never drop us.
+    duration pace_patience() const { return st->options.sender_timeout / 4; }
+    /// Wakes the streams that paced_out holds.
+    void sends_progressed() {
+        for (auto& slot : reducers)
+            if (slot.pacing) slot.others_progressed->notify();
+    }
+
     /// Calls `cancel` on abort() while the returned guard lives.
     class abort_guard {
     public:
@@ -173,6 +199,7 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
             if (s.results_ready) s.results_ready->notify();
             if (s.staged_taken) s.staged_taken->notify();
         }
+        sends_progressed();
     }
     std::error_code abort_reason;
 
@@ -385,6 +412,7 @@ void allreduce_service<Transport>::round::layout() {
         slot.active = sends_values(role()) && k != me && spans[k].size > 0;
         slot.last_progress = start;
         slot.part_written = std::make_unique<wakeup>(io);
+        slot.others_progressed = std::make_unique<wakeup>(io);
         if (!sends_values(role()) && k != me) continue; // aux: only its own span
         for (std::size_t p = 0; p < parts_of(k); ++p) {
             const auto range = part_range(k, p);
@@ -450,11 +478,12 @@ asio::awaitable<void> allreduce_service<Transport>::round::watch(std::shared_ptr
         }
         for (auto& slot : r.reducers) {
             if (!slot.active) continue;
-            if (slot.busy || !slot.stream) {
+            if (slot.busy || slot.pacing || !slot.stream) {
                 consider(t + o.reducer_timeout);
             } else if (t >= slot.last_progress + o.reducer_timeout) {
                 slot.active = false;
                 slot.stream->cancel(errc::timeout);
+                r.sends_progressed();
             } else {
                 consider(slot.last_progress + o.reducer_timeout);
             }

@@ -63,12 +63,14 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
     const std::size_t parts = r.parts_of(k);
     // take_results may apply averages into our values once no write reads them.
     struct on_exit {
+        round& r;
         reducer_slot& slot;
         ~on_exit() {
             slot.sending_ended = true;
             slot.part_written->notify();
+            r.sends_progressed();
         }
-    } ended{slot};
+    } ended{r, slot};
     // A pipeline: part p + 1 is compressed while part p is being written, into the
     // buffer of part p - 1 once the stream has let go of it (always an empty one).
     // Uncompressed, only its head is and the values go out from where they are: their
@@ -109,6 +111,14 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
     };
     if (parts > 0) co_await offload(packer, pack);
     for (std::size_t p = 0; p < parts; ++p) {
+        while (!r.aborted && slot.active && r.paced_out(k, p)) {
+            slot.pacing = true;
+            const auto waited =
+                co_await net::within<timer_type>(slot.others_progressed->wait(), r.pace_patience());
+            slot.pacing = false;
+            slot.last_progress = r.now();
+            if (waited && waited != errc::timeout) break;
+        }
         if (r.hooks().before_send) co_await r.sleep(r.hooks().before_send(k, p));
         if (packed == errc::non_finite_input) r.abort(errc::invalid_argument);
         if (packed || r.aborted || !slot.active) {
@@ -136,6 +146,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
         if (written) co_return;
         slot.parts_written = p + 1;
         slot.part_written->notify();
+        r.sends_progressed();
         slot.last_progress = r.now();
     }
     co_await stream.close_write();
@@ -220,6 +231,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_results(std::sha
         if (detail::connection_lost(why)) r.member_departed(k);
     }
     slot.active = false;
+    r.sends_progressed(); // it holds no stream any more
 }
 
 template <net::transport Transport>
