@@ -760,45 +760,55 @@ TEST_CASE("allreduce: a member whose process is gone (dials refused, its connect
     }
 }
 
-TEST_CASE("allreduce: a sender's streams keep pace with its slowest: none starts a part more "
-          "than allreduce_pace_parts ahead of it, the slow one is not held, the round is exact",
+TEST_CASE("allreduce: a sender's streams, and a reducer's result streams, keep pace with their "
+          "slowest: none goes more than allreduce_pace_parts ahead of it, the slow one is not "
+          "held, the round is exact",
           "[allreduce]") {
-    for (const double bound : {0.0, 10.0}) { // with the bound, reducers stage parts
-        INFO("max_norm_ratio " << bound);
-        auto options = allreduce_group<sim_world>::small_parts();
-        options.max_norm_ratio = bound;
-        // Spans of 10,000 floats: 40 parts of 250 to each reducer.
-        allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 40'000,
-                                     options);
-        const std::size_t parts = 40, slow = 1;
-        const duration delay = 50ms; // before each of peer 0's parts to member 1
-        // While stream `slow` waits here before part q, it has written q parts.
-        std::size_t slow_part = 0, largest_lead = 0, others_started = 0;
-        averaging::allreduce_hooks hooks;
-        hooks.before_send = [&](std::size_t k, std::size_t p) {
-            if (k == slow) {
-                slow_part = p;
-                return delay;
-            }
-            ++others_started;
-            largest_lead = std::max(largest_lead, p - std::min(p, slow_part));
-            return duration::zero();
-        };
-        g.peers[0].service->set_hooks(hooks);
-        g.run(60s);
+    const std::size_t parts = 40, slow = 1;
+    const duration delay = 50ms; // before each of peer 0's parts or averages to member 1
+    for (const bool results : {false, true})
+        for (const double bound : {0.0, 10.0}) { // with the bound, reducers stage parts
+            INFO((results ? "results" : "parts") << ", max_norm_ratio " << bound);
+            auto options = allreduce_group<sim_world>::small_parts();
+            options.max_norm_ratio = bound;
+            // Spans of 10,000 floats: 40 parts of 250 each way between every two members.
+            allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 40'000,
+                                         options);
+            // While stream `slow` waits here before part q, it has written q parts.
+            std::size_t slow_part = 0, largest_lead = 0, others_started = 0;
+            auto before = [&](std::size_t member, std::size_t p) {
+                if (member == slow) {
+                    slow_part = p;
+                    return delay;
+                }
+                ++others_started;
+                largest_lead = std::max(largest_lead, p - std::min(p, slow_part));
+                return duration::zero();
+            };
+            averaging::allreduce_hooks hooks;
+            (results ? hooks.before_result : hooks.before_send) = before;
+            g.peers[0].service->set_hooks(hooks);
+            g.run(60s);
 
-        CHECK(others_started == 2 * parts);
-        CHECK(largest_lead == averaging::allreduce_pace_parts);
-        for (std::size_t i = 0; i < g.peers.size(); ++i) {
-            INFO("peer " << i);
-            CHECK_FALSE(g.peers[i].outcome->first);
-            CHECK(g.peers[i].outcome->second.fraction_averaged() == 1);
-            g.check_consistent(i);
+            CHECK(others_started == 2 * parts);
+            CHECK(largest_lead == averaging::allreduce_pace_parts);
+            for (std::size_t i = 0; i < g.peers.size(); ++i) {
+                INFO("peer " << i);
+                CHECK_FALSE(g.peers[i].outcome->first);
+                CHECK(g.peers[i].outcome->second.fraction_averaged() == 1);
+                g.check_consistent(i);
+            }
+            // The slow stream's delays add up to 2 s; pacing holds the others, not it. Held
+            // parts hold peer 0's own round; held averages the others' rounds.
+            const std::vector<std::size_t> held =
+                results ? std::vector<std::size_t>{1, 2, 3} : std::vector<std::size_t>{0};
+            for (const std::size_t i : held) {
+                INFO("peer " << i);
+                const std::size_t waited = results && i != slow ? parts - 3 : parts;
+                CHECK(g.peers[i].finished_at - g.started_at >= waited * delay);
+                CHECK(g.peers[i].finished_at - g.started_at < parts * delay + 500ms);
+            }
         }
-        // The slow stream's delays add up to 2 s; pacing holds the others, not it.
-        CHECK(g.peers[0].finished_at - g.started_at >= parts * delay);
-        CHECK(g.peers[0].finished_at - g.started_at < parts * delay + 500ms);
-    }
 }
 
 TEST_CASE("allreduce: a stream that stops making progress holds the sender's others for a "
@@ -829,6 +839,34 @@ TEST_CASE("allreduce: a stream that stops making progress holds the sender's oth
             CHECK(part.averaged() == (kept || i != 0));
             if (part.averaged()) CHECK(part.contributors[0] == kept);
         }
+    }
+}
+
+TEST_CASE("allreduce: a result stream that stops making progress holds the reducer's others "
+          "for a quarter of sender_timeout at most",
+          "[allreduce][faults]") {
+    const auto options = allreduce_group<sim_world>::small_parts(); // sender_timeout 2 s
+    allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 40'000, options);
+    const std::size_t stalled = 1;
+    averaging::allreduce_hooks hooks;
+    hooks.before_result = [&](std::size_t sender, std::size_t p) {
+        return sender == stalled && p == 2 ? duration(3s) : duration::zero();
+    };
+    g.peers[0].service->set_hooks(hooks);
+    g.run(60s);
+
+    for (std::size_t i = 0; i < g.peers.size(); ++i) {
+        INFO("peer " << i);
+        CHECK_FALSE(g.peers[i].outcome->first);
+        CHECK(g.peers[i].outcome->second.fraction_averaged() == 1);
+        g.check_consistent(i);
+    }
+    // Member 1 gets peer 0's averages 3 s late (within its reducer_timeout of 4 s); the
+    // others' streams were held for 0.5 s at most.
+    CHECK(g.peers[1].finished_at - g.started_at >= 3s);
+    for (const std::size_t i : {std::size_t{2}, std::size_t{3}}) {
+        INFO("peer " << i);
+        CHECK(g.peers[i].finished_at - g.started_at < 2s);
     }
 }
 

@@ -23,7 +23,9 @@
 // evenly, and a reducer whose parts fall behind holds back the averages it owes everyone.
 // So none of a sender's open streams gets more than allreduce_pace_parts parts (in shares
 // of the spans) ahead of the one furthest behind, unless that one made no progress for a
-// quarter of sender_timeout (a stalled reducer must not make the others drop us).
+// quarter of sender_timeout (a stalled reducer must not make the others drop us). A
+// reducer paces the averages it returns to its senders the same way, so that none of them
+// gets its span's averages late.
 //
 // Hostile values (each reported in the part outcomes, never an error of the round):
 // - a sender's part holding a NaN or infinity, or (with allreduce_options::max_norm_ratio)
@@ -79,7 +81,7 @@ namespace hivemesh::averaging {
 using namespace std::chrono_literals;
 
 /// How many parts, in shares of the spans, one of a sender's streams may run ahead of its
-/// slowest (see "Pacing" above).
+/// slowest, and one of a reducer's result streams ahead of its slowest (see "Pacing" above).
 inline constexpr std::size_t allreduce_pace_parts = 2;
 
 struct allreduce_options {
@@ -137,6 +139,9 @@ struct allreduce_hooks {
     std::function<duration(std::size_t reducer, std::size_t part)> before_send;
     /// Before a reducer averages part `part` of its span; returns a delay (0: none).
     std::function<duration(std::size_t part)> before_reduce;
+    /// Before a reducer returns the average of part `part` of its span to `sender`; returns
+    /// a delay (0: none).
+    std::function<duration(std::size_t sender, std::size_t part)> before_result;
     /// Makes this peer hostile: rewrites what it sends just before it is compressed, past its
     /// own checks. `values` is a copy of its values for part `part` of member `reducer`'s
     /// span or, when `reducer` is this peer, of the averages of part `part` of its own span

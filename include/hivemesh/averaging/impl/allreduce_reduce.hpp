@@ -201,7 +201,7 @@ void allreduce_service<Transport>::round::fail_sender(std::size_t j, errc why) {
     s.failed = true;
     if (s.stream) s.stream->cancel(why);
     progress.notify();
-    s.results_ready->notify();
+    results_progressed(); // its own wait ends, and it holds no stream any more
     s.staged_taken->notify();
 }
 
@@ -316,9 +316,19 @@ allreduce_service<Transport>::round::return_results(std::shared_ptr<round> self,
     auto& r = *self;
     auto& s = r.senders[j];
     const std::size_t parts = r.parts_of(r.me);
+    s.last_result = r.now();
     while (s.written < parts) {
-        while (r.ready <= s.written && !s.failed && !r.aborted)
-            co_await s.results_ready->wait();
+        while (!s.failed && !r.aborted) {
+            if (r.ready <= s.written) { // waiting for the average is not stalling
+                co_await s.results_ready->wait();
+                s.last_result = r.now();
+            } else if (r.results_paced(j, s.written)) {
+                (void)co_await net::within<timer_type>(s.results_ready->wait(), r.pace_patience());
+            } else {
+                break;
+            }
+        }
+        if (r.hooks().before_result) co_await r.sleep(r.hooks().before_result(j, s.written));
         if (s.failed || r.aborted || !r.results[s.written]) break;
         auto message = r.results[s.written];
         r.result.bytes_sent += message->size();
@@ -326,10 +336,13 @@ allreduce_service<Transport>::round::return_results(std::shared_ptr<round> self,
         const auto ec = co_await stream.write(std::move(message));
         if (ec) break;
         ++s.written;
+        s.last_result = r.now();
         r.trim_results();
+        r.results_progressed();
     }
     s.writer_done = true;
     r.trim_results();
+    r.results_progressed(); // it holds no stream any more
     if (s.written < parts) r.fail_sender(j, errc::cancelled);
 }
 

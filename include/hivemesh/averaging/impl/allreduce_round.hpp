@@ -17,6 +17,8 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
         bool writer_done = false;
         std::size_t next_part = 0; ///< parts taken from it
         std::size_t written = 0;   ///< results written back to it
+        /// When it last wrote a result, began, or waited for one to be ready (results_paced).
+        time_point last_result{};
         double weight = 0;
         time_point last_progress{};
         net::call_stream* stream = nullptr;
@@ -152,6 +154,24 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
             if (p * parts_of(i) > (other.parts_written + allreduce_pace_parts) * parts) return true;
         }
         return false;
+    }
+    /// True if result p to sender j must wait for our other open result streams: the same
+    /// pacing for the averages we return (they share our uplink too).
+    bool results_paced(std::size_t j, std::size_t p) const {
+        const time_point stalled = now() - pace_patience();
+        for (std::size_t i = 0; i < senders.size(); ++i) {
+            const auto& other = senders[i];
+            if (i == j || !other.expected || !other.connected || other.writer_done ||
+                other.failed || other.last_result <= stalled)
+                continue;
+            if (p > other.written + allreduce_pace_parts) return true;
+        }
+        return false;
+    }
+    /// Wakes the result streams that results_paced holds.
+    void results_progressed() {
+        for (auto& s : senders)
+            if (s.results_ready) s.results_ready->notify();
     }
     /// Well within sender_timeout, so that the reducers of held streams never drop us.
     duration pace_patience() const { return st->options.sender_timeout / 4; }
