@@ -178,6 +178,16 @@ struct allreduce_group : swarm<World> {
         }
         REQUIRE(covered == p.values.size());
     }
+
+    /// Peer i's round succeeded, averaged every part, and its values are those means.
+    void check_fully_averaged(std::size_t i, double tolerance = 1e-6) const {
+        INFO("peer " << i);
+        REQUIRE(peers[i].outcome);
+        const auto& [ec, result] = *peers[i].outcome;
+        REQUIRE_FALSE(ec);
+        CHECK(result.fraction_averaged() == 1.0);
+        check_consistent(i, tolerance);
+    }
 };
 
 std::vector<bool> all_but(std::size_t n, std::vector<std::size_t> excluded) {
@@ -792,12 +802,8 @@ TEST_CASE("allreduce: a sender's streams, and a reducer's result streams, keep p
 
             CHECK(others_started == 2 * parts);
             CHECK(largest_lead == averaging::allreduce_pace_parts);
-            for (std::size_t i = 0; i < g.peers.size(); ++i) {
-                INFO("peer " << i);
-                CHECK_FALSE(g.peers[i].outcome->first);
-                CHECK(g.peers[i].outcome->second.fraction_averaged() == 1);
-                g.check_consistent(i);
-            }
+            for (std::size_t i = 0; i < g.peers.size(); ++i)
+                g.check_fully_averaged(i);
             // The slow stream's delays add up to 2 s; pacing holds the others, not it. Held
             // parts hold peer 0's own round; held averages the others' rounds.
             const std::vector<std::size_t> held =
@@ -811,62 +817,50 @@ TEST_CASE("allreduce: a sender's streams, and a reducer's result streams, keep p
         }
 }
 
-TEST_CASE("allreduce: a stream that stops making progress holds the sender's others for a "
-          "quarter of sender_timeout at most, so their reducers keep the sender",
+TEST_CASE("allreduce: a part or result stream that stops making progress holds its sender's "
+          "or reducer's others for a quarter of sender_timeout at most",
           "[allreduce][faults]") {
-    const auto options = allreduce_group<sim_world>::small_parts(); // sender_timeout 2 s
-    allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 40'000, options);
     const std::size_t stalled = 1;
-    averaging::allreduce_hooks hooks;
-    hooks.before_send = [&](std::size_t k, std::size_t p) {
-        return k == stalled && p == 2 ? duration(3s) : duration::zero();
-    };
-    g.peers[0].service->set_hooks(hooks);
-    g.run(60s);
+    for (const bool results : {false, true}) {
+        INFO((results ? "a result stream" : "a part stream") << " stalls");
+        const auto options = allreduce_group<sim_world>::small_parts(); // sender_timeout 2 s
+        allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 40'000,
+                                     options);
+        averaging::allreduce_hooks hooks;
+        (results ? hooks.before_result : hooks.before_send) = [&](std::size_t k, std::size_t p) {
+            return k == stalled && p == 2 ? duration(3s) : duration::zero();
+        };
+        g.peers[0].service->set_hooks(hooks);
+        g.run(60s);
 
-    // Spans of 10,000 floats, parts of 250: part q of a span is (begin % 10000) / 250.
-    for (std::size_t i = 0; i < g.peers.size(); ++i) {
-        INFO("peer " << i);
-        const auto& [ec, result] = *g.peers[i].outcome;
-        CHECK_FALSE(ec);
-        g.check_consistent(i);
-        for (const auto& part : result.parts) {
-            if (part.reducer == 0) continue;
-            INFO("reducer " << part.reducer << ", part " << (part.begin % 10'000) / 250);
-            // Member 1 dropped peer 0 after 2 s of silence (peer 0 keeps that span's later
-            // parts local); the others had all its parts.
-            const bool kept = part.reducer != stalled || (part.begin % 10'000) / 250 < 2;
-            CHECK(part.averaged() == (kept || i != 0));
-            if (part.averaged()) CHECK(part.contributors[0] == kept);
+        if (results) {
+            for (std::size_t i = 0; i < g.peers.size(); ++i)
+                g.check_fully_averaged(i);
+            // Member 1 gets peer 0's averages 3 s late (within its reducer_timeout of 4 s);
+            // the others' streams were held for 0.5 s at most.
+            CHECK(g.peers[1].finished_at - g.started_at >= 3s);
+            for (const std::size_t i : {std::size_t{2}, std::size_t{3}}) {
+                INFO("peer " << i);
+                CHECK(g.peers[i].finished_at - g.started_at < 2s);
+            }
+            continue;
         }
-    }
-}
-
-TEST_CASE("allreduce: a result stream that stops making progress holds the reducer's others "
-          "for a quarter of sender_timeout at most",
-          "[allreduce][faults]") {
-    const auto options = allreduce_group<sim_world>::small_parts(); // sender_timeout 2 s
-    allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 40'000, options);
-    const std::size_t stalled = 1;
-    averaging::allreduce_hooks hooks;
-    hooks.before_result = [&](std::size_t sender, std::size_t p) {
-        return sender == stalled && p == 2 ? duration(3s) : duration::zero();
-    };
-    g.peers[0].service->set_hooks(hooks);
-    g.run(60s);
-
-    for (std::size_t i = 0; i < g.peers.size(); ++i) {
-        INFO("peer " << i);
-        CHECK_FALSE(g.peers[i].outcome->first);
-        CHECK(g.peers[i].outcome->second.fraction_averaged() == 1);
-        g.check_consistent(i);
-    }
-    // Member 1 gets peer 0's averages 3 s late (within its reducer_timeout of 4 s); the
-    // others' streams were held for 0.5 s at most.
-    CHECK(g.peers[1].finished_at - g.started_at >= 3s);
-    for (const std::size_t i : {std::size_t{2}, std::size_t{3}}) {
-        INFO("peer " << i);
-        CHECK(g.peers[i].finished_at - g.started_at < 2s);
+        // Spans of 10,000 floats, parts of 250: part q of a span is (begin % 10000) / 250.
+        for (std::size_t i = 0; i < g.peers.size(); ++i) {
+            INFO("peer " << i);
+            const auto& [ec, result] = *g.peers[i].outcome;
+            CHECK_FALSE(ec);
+            g.check_consistent(i);
+            for (const auto& part : result.parts) {
+                if (part.reducer == 0) continue;
+                INFO("reducer " << part.reducer << ", part " << (part.begin % 10'000) / 250);
+                // Member 1 dropped peer 0 after 2 s of silence (peer 0 keeps that span's
+                // later parts local); the others had all its parts.
+                const bool kept = part.reducer != stalled || (part.begin % 10'000) / 250 < 2;
+                CHECK(part.averaged() == (kept || i != 0));
+                if (part.averaged()) CHECK(part.contributors[0] == kept);
+            }
+        }
     }
 }
 
@@ -900,12 +894,8 @@ TEST_CASE("allreduce: a round that ends while its values are being written from 
     }
     g.group.id[0] ^= std::byte{1}; // a new round
     g.run(60s);
-    for (std::size_t i = 0; i < 2; ++i) {
-        INFO("peer " << i);
-        CHECK_FALSE(g.peers[i].outcome->first);
-        CHECK(g.peers[i].outcome->second.fraction_averaged() == 1);
-        g.check_consistent(i);
-    }
+    for (std::size_t i = 0; i < 2; ++i)
+        g.check_fully_averaged(i);
 }
 
 TEST_CASE("allreduce over a list of tensors writes the averages back into each tensor",
