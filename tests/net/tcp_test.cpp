@@ -1,4 +1,5 @@
-// TCP transport tests. Only loopback addresses (127.0.0.0/8, ::1) are ever dialled.
+// TCP transport tests. Only loopback addresses (127.0.0.0/8, ::1) are ever dialled, and, as
+// root, an address of a network namespace the test makes for itself.
 #include <hivemesh/net/tcp.hpp>
 
 #include <asio.hpp>
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <future>
 #include <optional>
@@ -18,6 +20,13 @@
 #include <system_error>
 #include <thread>
 #include <vector>
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 using namespace std::chrono_literals;
 using asio::ip::tcp;
@@ -72,10 +81,25 @@ bool localhost_is_loopback_only() {
     return true;
 }
 
-bool no_delay(tcp::socket& s) {
+/// The socket's TCP_NOTSENT_LOWAT, or -1 where the platform has none.
+long unsent_limit(tcp::socket& s) {
+#if defined(TCP_NOTSENT_LOWAT)
+    unsigned value = 0;
+    socklen_t size = sizeof value;
+    if (::getsockopt(s.native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, &size) != 0)
+        return -1;
+    return static_cast<long>(value);
+#else
+    return -1;
+#endif
+}
+
+/// TCP_NODELAY is on, and a loopback connection keeps the kernel's unsent limit.
+bool has_connection_options(tcp::socket& s) {
     tcp::no_delay option;
     s.get_option(option);
-    return option.value();
+    return option.value() &&
+           unsent_limit(s) != static_cast<long>(hivemesh::net::tcp::unsent_bytes_limit);
 }
 
 std::vector<std::uint8_t> pattern(std::size_t size, std::uint8_t seed) {
@@ -136,8 +160,8 @@ void check_connection(const tcp::endpoint& listen_at, Dial dial) {
             l, [&](auto token) { return dial(t, l.local_endpoint(), std::move(token)); });
         CHECK(client.remote_endpoint() == l.local_endpoint());
         CHECK(server.remote_endpoint() == client.local_endpoint());
-        CHECK(no_delay(client));
-        CHECK(no_delay(server));
+        CHECK(has_connection_options(client));
+        CHECK(has_connection_options(server));
         CHECK(client.get_executor() == t.executor());
         CHECK(server.get_executor() == t.executor());
         co_await exchange_both_ways(client, server, 256 * 1024);
@@ -189,6 +213,60 @@ TEST_CASE("listen on 127.0.0.1:0, connect and exchange bytes both ways", "[net][
     check_connection(tcp::endpoint(loopback_v4, 0), [](transport& t, tcp::endpoint ep, auto token) {
         return t.async_connect(ep, 10s, std::move(token));
     });
+}
+
+TEST_CASE("connections to addresses other than loopback limit what the kernel holds unsent",
+          "[net][tcp]") {
+    using hivemesh::net::tcp::limits_unsent_bytes;
+    for (const char* loopback : {"127.0.0.1", "127.5.6.7", "::1", "::ffff:127.0.0.1"}) {
+        INFO(loopback);
+        CHECK_FALSE(limits_unsent_bytes(asio::ip::make_address(loopback)));
+    }
+    for (const char* other : {"10.0.0.1", "192.168.1.20", "::ffff:10.0.0.1", "2001:db8::1"}) {
+        INFO(other);
+        CHECK(limits_unsent_bytes(asio::ip::make_address(other)));
+    }
+}
+
+TEST_CASE("a connection to an address of a network namespace gets TCP_NOTSENT_LOWAT on both "
+          "ends",
+          "[net][tcp][netns]") {
+#if !defined(TCP_NOTSENT_LOWAT)
+    WARN("skipped: this platform has no TCP_NOTSENT_LOWAT");
+#else
+    if (::geteuid() != 0) {
+        WARN("skipped: making a network namespace needs root");
+        return;
+    }
+    // A child process in a namespace of its own, whose loopback device also carries
+    // 10.213.9.1: the connection never leaves it, and the namespace ends with the child.
+    constexpr int skipped = 77;
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        ::alarm(30);
+        if (::unshare(CLONE_NEWNET) != 0) ::_exit(skipped);
+        if (std::system("ip link set lo up && ip addr add 10.213.9.1/32 dev lo") != 0)
+            ::_exit(skipped);
+        asio::io_context io;
+        transport t(io.get_executor());
+        listener l = t.listen(tcp::endpoint(asio::ip::make_address("10.213.9.1"), 0));
+        auto accepted = l.async_accept(asio::use_future);
+        auto connected = t.async_connect(l.local_endpoint(), 10s, asio::use_future);
+        io.run_for(10s);
+        tcp::socket server = accepted.get(), client = connected.get();
+        const long want = static_cast<long>(hivemesh::net::tcp::unsent_bytes_limit);
+        ::_exit(unsent_limit(client) == want && unsent_limit(server) == want ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    if (WEXITSTATUS(status) == skipped) {
+        WARN("skipped: no network namespace with an address could be made here");
+        return;
+    }
+    CHECK(WEXITSTATUS(status) == 0);
+#endif
 }
 
 TEST_CASE("listen on [::1]:0, connect and exchange bytes both ways", "[net][tcp]") {
@@ -405,8 +483,8 @@ TEST_CASE("use_future and callback tokens, from a thread outside the io_context"
     tcp::socket server = accepted.get();
     CHECK(client.is_open());
     CHECK(server.is_open());
-    CHECK(no_delay(client));
-    CHECK(no_delay(server));
+    CHECK(has_connection_options(client));
+    CHECK(has_connection_options(server));
 
     // A failing dial through use_future throws the error.
     tcp::socket reserved(io, tcp::endpoint(loopback_v4, 0));
@@ -445,7 +523,7 @@ TEST_CASE("many concurrent dials on a multi-threaded io_context", "[net][tcp]") 
         [&]() -> asio::awaitable<void> {
             for (int i = 0; i < dials; ++i) {
                 auto [ec, s] = co_await l.async_accept(ex::as_tuple(asio::use_awaitable));
-                if (ec || !no_delay(s)) ++failures;
+                if (ec || !has_connection_options(s)) ++failures;
                 ++accepted;
                 servers.push_back(std::move(s));
             }
@@ -454,7 +532,7 @@ TEST_CASE("many concurrent dials on a multi-threaded io_context", "[net][tcp]") 
     std::vector<std::optional<tcp::socket>> clients(dials);
     for (int i = 0; i < dials; ++i)
         t.async_connect(l.local_endpoint(), 10s, [&, i](std::error_code ec, tcp::socket s) {
-            if (ec || !no_delay(s)) ++failures;
+            if (ec || !has_connection_options(s)) ++failures;
             ++connected;
             clients[static_cast<std::size_t>(i)].emplace(std::move(s));
         });

@@ -7,6 +7,13 @@
 //
 // Socket options, for accepted and dialled sockets alike:
 //   - TCP_NODELAY: small RPC frames must not wait up to 40 ms for Nagle's algorithm.
+//   - TCP_NOTSENT_LOWAT of 512 KiB, except on loopback: what the kernel holds unsent ahead
+//     of a slow link delays everything written after it, and its autotuned send buffer
+//     holds megabytes (a quarter-second at 100 Mbit/s shared by two flows). Kept in the
+//     multiplexer instead, the queue lets window credits and small calls go first; a
+//     receiver's credits no longer lag behind its own bulk uploads and throttle what it
+//     receives. On loopback a backlog drains at memory speed and costs no delay, while the
+//     limit would cost wake-ups (a sixth of one stream's RPC bulk throughput).
 //   - Send and receive buffers are left to the kernel. Setting SO_SNDBUF/SO_RCVBUF turns
 //     off Linux's buffer autotuning, which grows the window up to net.ipv4.tcp_rmem/wmem
 //     as a long fat link needs; a fixed size would cap throughput instead.
@@ -44,6 +51,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include <chrono>
+#include <cstddef>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -56,8 +64,16 @@
 
 namespace hivemesh::net::tcp {
 
-/// Sets the options every hivemesh TCP connection uses (TCP_NODELAY; see the top of this
-/// file for what is left alone and why). Returns the error of the failing option.
+/// The most a connection to another machine leaves unsent in the kernel
+/// (TCP_NOTSENT_LOWAT; see the top of this file).
+inline constexpr std::size_t unsent_bytes_limit = 512 << 10;
+
+/// Whether a connection to `remote` gets unsent_bytes_limit: all but loopback ones.
+HIVEMESH_DECL bool limits_unsent_bytes(const asio::ip::address& remote);
+
+/// Sets the options every hivemesh TCP connection uses (TCP_NODELAY, and
+/// TCP_NOTSENT_LOWAT where the platform has it; see the top of this file for what is left
+/// alone and why). Returns the error of TCP_NODELAY; TCP_NOTSENT_LOWAT is best effort.
 HIVEMESH_DECL std::error_code apply_connection_options(asio::ip::tcp::socket& socket);
 
 /// The endpoint of an ip4 or ip6 address (its peer id, if any, is not part of it).

@@ -8,6 +8,12 @@
 #include <asio/experimental/parallel_group.hpp>
 #include <asio/ip/v6_only.hpp>
 
+#if __has_include(<netinet/tcp.h>)
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#endif
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -18,9 +24,26 @@
 
 namespace hivemesh::net::tcp {
 
+HIVEMESH_DECL bool limits_unsent_bytes(const asio::ip::address& remote) {
+    if (remote.is_v6() && remote.to_v6().is_v4_mapped())
+        return !asio::ip::make_address_v4(asio::ip::v4_mapped, remote.to_v6()).is_loopback();
+    return !remote.is_loopback();
+}
+
 HIVEMESH_DECL std::error_code apply_connection_options(asio::ip::tcp::socket& socket) {
     std::error_code ec;
     socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    if (ec) return ec;
+#if defined(TCP_NOTSENT_LOWAT)
+    // A socket the peer already reset has no remote endpoint: its first read fails anyway.
+    std::error_code unknown;
+    const auto remote = socket.remote_endpoint(unknown);
+    if (!unknown && limits_unsent_bytes(remote.address())) {
+        // Best effort: a kernel without the option queues more, and works as before.
+        const int limit = static_cast<int>(unsent_bytes_limit);
+        ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &limit, sizeof limit);
+    }
+#endif
     return ec;
 }
 
