@@ -88,6 +88,9 @@ HIVEMESH_DECL peer_address to_address(const asio::ip::tcp::endpoint& endpoint,
 
 namespace detail {
 
+/// The IPv4 address an IPv4-mapped IPv6 one (::ffff:a.b.c.d) stands for; others as they are.
+HIVEMESH_DECL asio::ip::address unmapped(const asio::ip::address& ip);
+
 using steady_time = std::chrono::steady_clock::time_point;
 static_assert(std::is_same_v<std::chrono::steady_clock::duration, hivemesh::duration>,
               "deadline arithmetic below assumes a nanosecond steady clock");

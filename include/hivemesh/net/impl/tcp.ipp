@@ -25,9 +25,7 @@
 namespace hivemesh::net::tcp {
 
 HIVEMESH_DECL bool limits_unsent_bytes(const asio::ip::address& remote) {
-    if (remote.is_v6() && remote.to_v6().is_v4_mapped())
-        return !asio::ip::make_address_v4(asio::ip::v4_mapped, remote.to_v6()).is_loopback();
-    return !remote.is_loopback();
+    return !detail::unmapped(remote).is_loopback();
 }
 
 HIVEMESH_DECL std::error_code apply_connection_options(asio::ip::tcp::socket& socket) {
@@ -62,19 +60,20 @@ HIVEMESH_DECL std::optional<asio::ip::tcp::endpoint> to_endpoint(const peer_addr
 
 HIVEMESH_DECL peer_address to_address(const asio::ip::tcp::endpoint& endpoint,
                                       std::optional<crypto::peer_id> peer) {
-    const asio::ip::address ip = endpoint.address();
+    const asio::ip::address ip = detail::unmapped(endpoint.address());
     if (ip.is_v4())
         return {peer_address::protocol::ip4, ip.to_v4().to_string(), endpoint.port(), peer};
-    const asio::ip::address_v6 v6 = ip.to_v6();
-    if (v6.is_v4_mapped())
-        return {peer_address::protocol::ip4,
-                asio::ip::make_address_v4(asio::ip::v4_mapped, v6).to_string(), endpoint.port(),
-                peer};
-    return {peer_address::protocol::ip6, asio::ip::address_v6(v6.to_bytes()).to_string(),
+    return {peer_address::protocol::ip6, asio::ip::address_v6(ip.to_v6().to_bytes()).to_string(),
             endpoint.port(), peer};
 }
 
 namespace detail {
+
+HIVEMESH_DECL asio::ip::address unmapped(const asio::ip::address& ip) {
+    if (ip.is_v6() && ip.to_v6().is_v4_mapped())
+        return asio::ip::make_address_v4(asio::ip::v4_mapped, ip.to_v6());
+    return ip;
+}
 
 HIVEMESH_DECL steady_time deadline_after(hivemesh::duration timeout) noexcept {
     const steady_time now = std::chrono::steady_clock::now();
