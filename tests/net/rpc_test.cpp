@@ -22,6 +22,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -917,6 +918,137 @@ TEST_CASE("a node's upload cap holds for all its connections together", "[net][r
     CHECK(test::busiest_window(arrivals, 1s) <=
           static_cast<std::uint64_t>(rate) + burst + 2 * chunk_size);
     CHECK(arrivals.back().at - start >= in_seconds(static_cast<double>(2 * each - burst) / rate));
+}
+
+namespace {
+
+/// Uploads to sinks over a simulated link, the same both ways, whose simulated TCP buffers
+/// are no limit: what limits a stream is its window, the link or the reader.
+struct long_link {
+    sim_world world;
+    host<sim_world> receiver, sender;
+    std::vector<test::timed_bytes> arrivals; ///< of every message, at its last byte
+    duration read_pause{};                   ///< the sink's time per message
+
+    static constexpr std::size_t chunk_size = std::size_t{1} << 20;
+    const byte_buffer chunk = random_bytes(chunk_size, 9);
+
+    static net::sim::network_config config_for(const net::sim::link_properties& link) {
+        net::sim::network_config config;
+        config.default_link = link;
+        config.send_buffer_size = std::size_t{256} << 20;
+        return config;
+    }
+
+    long_link(const net::sim::link_properties& link, const net::node_options& options)
+        : world(config_for(link))
+        , receiver(world, 1, options)
+        , sender(world, 2, options) {
+        receiver.node->add_stream_handler(
+            "sink",
+            [this](const net::call_context&,
+                   net::call_stream& stream) -> asio::awaitable<std::error_code> {
+                net::sim::timer pause(co_await asio::this_coro::executor);
+                while (true) {
+                    byte_buffer m;
+                    const auto ec = co_await stream.read(m);
+                    if (ec == asio::error::eof) co_return std::error_code{};
+                    if (ec) co_return ec;
+                    arrivals.push_back({world.now().time_since_epoch(), m.size()});
+                    if (read_pause > 0s) {
+                        pause.expires_after(read_pause);
+                        co_await pause.async_wait(asio::use_awaitable);
+                    }
+                }
+            });
+    }
+
+    /// Runs `count` uploads of `each` bytes at once, on one connection.
+    void upload(std::uint64_t each, int count = 1) {
+        std::vector<std::shared_ptr<bool>> done;
+        for (int i = 0; i < count; ++i)
+            done.push_back(spawn_flag(sender.node->get_executor(), [&]() -> asio::awaitable<void> {
+                const auto end = co_await upload_to_sink(sender, receiver, each, chunk, 3600s);
+                CHECK(end == asio::error::eof);
+            }));
+        REQUIRE(world.run_until(
+            [&] { return std::all_of(done.begin(), done.end(), [](auto& d) { return *d; }); },
+            3600s));
+    }
+
+    /// Bytes per second over the arrivals from the `from`-th on.
+    double rate_from(std::size_t from) const {
+        const double seconds =
+            std::chrono::duration<double>(arrivals.back().at - arrivals[from].at).count();
+        return static_cast<double>((arrivals.size() - 1 - from) * chunk_size) / seconds;
+    }
+
+    net::mux_statistics statistics() const {
+        const auto connections = receiver.node->connections();
+        REQUIRE(connections.size() == 1);
+        return connections[0].statistics;
+    }
+};
+
+constexpr double gigabit = 125e6; // bytes per second
+
+} // namespace
+
+TEST_CASE("a stream over a long, fast link widens its window until the link limits it",
+          "[net][rpc]") {
+    // 1 Gbit/s and 100 ms round trips: a 2 MiB window alone allows 21 MB/s.
+    net::node_options options;
+    const double window = options.mux.initial_window;
+    SECTION("windows grow") {
+        long_link run({50ms, 125'000'000, 0.0}, options);
+        run.upload(std::uint64_t{128} << 20);
+        // Once grown, the stream runs at the link's rate (1 MiB messages: within 2%).
+        CHECK(run.rate_from(run.arrivals.size() / 2) >= 0.98 * gigabit);
+        const auto st = run.statistics();
+        CHECK(st.widest_window == options.mux.max_window);
+        CHECK(st.peak_window_growth == options.mux.max_window - options.mux.initial_window);
+        CHECK(st.peak_buffered <= options.mux.max_window + long_link::chunk_size);
+    }
+    SECTION("max_window at initial_window keeps them fixed") {
+        options.mux.max_window = options.mux.initial_window;
+        long_link run({50ms, 125'000'000, 0.0}, options);
+        run.upload(std::uint64_t{32} << 20);
+        CHECK(run.rate_from(0) <= window / 0.1);
+        CHECK(run.rate_from(0) >= 0.8 * window / 0.1);
+        CHECK(run.statistics().widest_window == options.mux.initial_window);
+        CHECK(run.statistics().peak_window_growth == 0);
+    }
+}
+
+TEST_CASE("a window stays as it is while the reader or the link limits its stream", "[net][rpc]") {
+    net::node_options options;
+    SECTION("a reader taking 200 ms a megabyte, a quarter of the window a round trip") {
+        long_link run({50ms, 125'000'000, 0.0}, options);
+        run.read_pause = 200ms;
+        run.upload(std::uint64_t{16} << 20);
+        CHECK(run.rate_from(0) <= 1.05 * long_link::chunk_size / 0.2);
+        CHECK(run.statistics().widest_window == options.mux.initial_window);
+    }
+    SECTION("a link of 40 Mbit/s, whose 100 ms round trip holds a quarter of the window") {
+        long_link run({50ms, 5'000'000, 0.0}, options);
+        run.upload(std::uint64_t{24} << 20);
+        CHECK(run.rate_from(0) >= 0.95 * 5e6);
+        CHECK(run.statistics().widest_window == options.mux.initial_window);
+    }
+}
+
+TEST_CASE("the windows of a connection's streams grow within its budget, and a finished "
+          "stream gives its share back",
+          "[net][rpc]") {
+    net::node_options options;
+    options.mux.max_window_growth = options.mux.max_window - options.mux.initial_window;
+    long_link run({50ms, 125'000'000, 0.0}, options);
+    run.upload(std::uint64_t{48} << 20, 3); // three streams, room for one to grow in full
+    CHECK(run.statistics().peak_window_growth == options.mux.max_window_growth);
+    run.arrivals.clear();
+    run.upload(std::uint64_t{128} << 20); // alone: runs at the link's rate once grown
+    CHECK(run.rate_from(run.arrivals.size() / 2) >= 0.98 * gigabit);
+    CHECK(run.statistics().peak_window_growth == options.mux.max_window_growth);
 }
 
 TEST_CASE("under an upload cap, a small call waits for one burst of bulk data, not for a "

@@ -165,6 +165,13 @@ void check_connection(const tcp::endpoint& listen_at, Dial dial) {
         CHECK(client.get_executor() == t.executor());
         CHECK(server.get_executor() == t.executor());
         co_await exchange_both_ways(client, server, 256 * 1024);
+        // The kernel measured the round trips of that exchange; an unopened socket has none.
+        for (auto* s : {&client, &server}) {
+            CHECK(transport::round_trip_time(*s) > 0ns);
+            CHECK(transport::round_trip_time(*s) < 1s);
+        }
+        tcp::socket unopened(io);
+        CHECK(transport::round_trip_time(unopened) == 0ns);
     }());
 }
 

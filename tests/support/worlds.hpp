@@ -21,8 +21,11 @@ struct sim_world {
     using transport_type = net::sim::transport;
     static constexpr const char* name = "sim";
     asio::io_context io;
-    net::sim::network network{io, 42};
+    net::sim::network network;
     std::deque<transport_type> transports;
+
+    explicit sim_world(const net::sim::network_config& config = {})
+        : network(io, 42, config) {}
 
     transport_type& add_host() { return transports.emplace_back(network, network.add_node()); }
     net::sim::endpoint listen(net::node<transport_type>& node, transport_type& t) {

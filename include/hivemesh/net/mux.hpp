@@ -7,8 +7,10 @@
 // Backpressure: each stream has a receive window. The receiver credits bytes back once the
 // application consumed the messages they belong to; bytes of a message still being
 // assembled are credited at once while nothing is queued ahead of it (so messages larger
-// than the window still flow), up to a per-connection budget. Memory per connection is
-// therefore bounded by max_streams x initial_window + max_buffered_bytes.
+// than the window still flow), up to a per-connection budget. A window doubles while its
+// stream moves more than half of it per round trip of the link (see max_window), up to a
+// second per-connection budget. Memory per connection is therefore bounded by
+// max_streams x initial_window + max_window_growth + max_buffered_bytes.
 //
 // Threading: a connection and its streams live on one executor (a strand, or the single
 // thread of a simulated network); every member is called on it.
@@ -16,6 +18,7 @@
 
 #include "hivemesh/core/async.hpp"
 #include "hivemesh/core/bytes.hpp"
+#include "hivemesh/core/clock.hpp"
 #include "hivemesh/core/config.hpp"
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/core/fifo.hpp"
@@ -50,6 +53,15 @@ namespace hivemesh::net {
 struct mux_options {
     /// Bytes a peer may send on one stream before we credit them back.
     std::uint32_t initial_window = 2u << 20;
+    /// The most a stream's window grows to. A window doubles while the stream moves more
+    /// than half of it in one round trip of the link (as the transport measures it; the
+    /// simulated network's and TCP's do): on a long, fast link the window and not the link
+    /// would limit it (2 MiB a 100 ms round trip is 21 MB/s). initial_window or less keeps
+    /// every window at initial_window.
+    std::uint32_t max_window = 16u << 20;
+    /// Bytes by which the windows of one connection's streams may together exceed
+    /// initial_window; a stream that finishes gives its share back.
+    std::size_t max_window_growth = 32u << 20;
     /// Streams a peer may have open towards us at once; more are refused.
     std::uint32_t max_streams = 128;
     /// Largest message we accept on a stream.
@@ -112,6 +124,8 @@ struct mux_statistics {
     std::size_t peak_buffered = 0;      ///< most payload bytes held for the application at once
     std::uint64_t landings_reused = 0;  ///< messages landed in the storage of one read before
     std::uint64_t streams_refused = 0;  ///< opened by the peer past our max_streams (reset)
+    std::uint32_t widest_window = 0;    ///< largest window a stream of ours had
+    std::size_t peak_window_growth = 0; ///< most the windows exceeded initial_window by at once
 };
 
 namespace detail {
@@ -146,6 +160,12 @@ public:
     /// Whether write() may still read `bodies` after it first suspends (a gather write
     /// straight from them), rather than only before (sealing them into its own buffer).
     virtual bool reads_bodies_while_pending() const noexcept { return true; }
+    /// The link's round-trip time as the transport knows it; zero if it does not, and then
+    /// the streams' windows stay at their initial size.
+    virtual duration round_trip_time() noexcept { return duration::zero(); }
+    /// The time on the transport's clock (virtual on the simulated network); read only
+    /// while round_trip_time() is not zero.
+    virtual time_point now() const noexcept { return {}; }
 };
 
 /// The protocol's initial window and stream count until the peer's settings arrive.
@@ -154,9 +174,11 @@ inline constexpr std::uint32_t default_peer_streams = 8;
 inline constexpr std::uint32_t default_peer_message_size = 64u << 10;
 
 struct stream_state {
-    stream_state(const asio::any_io_executor& ex, std::uint32_t stream_id, std::int64_t window)
+    stream_state(const asio::any_io_executor& ex, std::uint32_t stream_id, std::int64_t peer_window,
+                 std::uint32_t our_window)
         : id(stream_id)
-        , send_window(window)
+        , window(our_window)
+        , send_window(peer_window)
         , readable(ex)
         , writable(ex)
         , finished_signal(ex) {}
@@ -172,9 +194,12 @@ struct stream_state {
         partial.clear();
         filled = 0;
     }
-    std::size_t last_size = 0;  ///< of the last message that took several frames
-    std::uint64_t received = 0; ///< payload bytes received
-    std::uint64_t credited = 0; ///< ... of which credited back to the sender
+    std::size_t last_size = 0;         ///< of the last message that took several frames
+    std::uint64_t received = 0;        ///< payload bytes received
+    std::uint64_t credited = 0;        ///< ... of which credited back to the sender
+    std::uint32_t window;              ///< the most received may exceed credited by
+    time_point sample_start{};         ///< the window's growth: when the rate sample began ...
+    std::uint64_t sample_credited = 0; ///< ... and `credited` then
     bool remote_ended = false;
 
     // Sending.
@@ -394,6 +419,11 @@ private:
     /// the message being assembled.
     HIVEMESH_DECL void credit(const stream_ptr& s);
 
+    /// Called as `s` is credited: once a round trip has passed since the last sample, grows
+    /// its window if the stream moved more than half of it per round trip meanwhile.
+    /// Returns the growth, which the credit adds.
+    HIVEMESH_DECL std::uint32_t widen(const stream_ptr& s);
+
     HIVEMESH_DECL asio::awaitable<std::error_code> receive(const stream_ptr& s,
                                                            byte_buffer& message);
 
@@ -446,7 +476,8 @@ private:
     std::uint32_t next_local_id_;
     std::uint32_t local_streams_ = 0;
     std::uint32_t remote_streams_ = 0;
-    std::size_t buffered_ = 0; ///< payload bytes held for the application, all streams
+    std::size_t buffered_ = 0;      ///< payload bytes held for the application, all streams
+    std::size_t window_growth_ = 0; ///< what the streams' windows exceed initial_window by
     static constexpr std::size_t max_spares = 4;
     std::vector<byte_buffer> spares_; ///< landing buffers to reuse, at most a window each
     std::uint64_t activity_ = 0;

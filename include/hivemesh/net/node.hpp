@@ -275,12 +275,14 @@ inline bool out_of_descriptors(std::error_code ec) {
 
 namespace detail {
 
-/// The secure session as the multiplexer's record channel.
-template <class Stream>
+/// The secure session over a transport's (rate-capped) stream as the multiplexer's record
+/// channel.
+template <transport Transport, class Stream>
 class secure_record_channel final : public record_channel {
 public:
-    explicit secure_record_channel(secure_stream<Stream> stream)
-        : stream_(std::move(stream)) {}
+    secure_record_channel(secure_stream<Stream> stream, asio::any_io_executor executor)
+        : stream_(std::move(stream))
+        , executor_(std::move(executor)) {}
     asio::awaitable<std::error_code> write(std::span<const byte_view> heads,
                                            std::span<const byte_view> bodies) override {
         co_return co_await stream_.write(heads, bodies);
@@ -298,9 +300,14 @@ public:
         co_return co_await stream_.read(record, head_size, place, placed);
     }
     void close() noexcept override { stream_.close(); }
+    duration round_trip_time() noexcept override {
+        return Transport::round_trip_time(stream_.next_layer().next_layer());
+    }
+    time_point now() const noexcept override { return transport_now<Transport>(executor_); }
 
 private:
     secure_stream<Stream> stream_;
+    asio::any_io_executor executor_;
 };
 
 /// Maps transport errors to the RPC layer's codes; running out of descriptors stays as it is.

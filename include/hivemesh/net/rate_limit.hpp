@@ -159,6 +159,8 @@ public:
     }
 
     executor_type get_executor() noexcept { return stream_.get_executor(); }
+    /// The stream under the caps.
+    Stream& next_layer() noexcept { return stream_; }
 
     /// Closes the stream; a read or write waiting for the bucket ends with operation_aborted.
     void close(std::error_code& ec) {

@@ -76,6 +76,10 @@ HIVEMESH_DECL bool limits_unsent_bytes(const asio::ip::address& remote);
 /// alone and why). Returns the error of TCP_NODELAY; TCP_NOTSENT_LOWAT is best effort.
 HIVEMESH_DECL std::error_code apply_connection_options(asio::ip::tcp::socket& socket);
 
+/// The kernel's smoothed round-trip time of a connected socket (TCP_INFO); zero where the
+/// platform does not tell, or for a socket that is not connected.
+HIVEMESH_DECL hivemesh::duration round_trip_time(asio::ip::tcp::socket& socket) noexcept;
+
 /// The endpoint of an ip4 or ip6 address (its peer id, if any, is not part of it).
 /// nullopt for dns and sim addresses, which need a resolver or the simulated network, and
 /// for hosts that are not valid (see peer_address::is_valid()).
@@ -366,6 +370,10 @@ public:
 
     executor_type executor() const noexcept { return executor_; }
     hivemesh::duration connect_timeout() const noexcept { return connect_timeout_; }
+    /// See tcp::round_trip_time.
+    static hivemesh::duration round_trip_time(stream_type& socket) noexcept {
+        return tcp::round_trip_time(socket);
+    }
 
     /// Address conversions, so components over any transport can send endpoints as
     /// peer_address (see tcp::to_endpoint and tcp::to_address).

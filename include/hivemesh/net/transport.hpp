@@ -29,11 +29,13 @@ namespace hivemesh::net {
 ///     the wire as a peer_address;
 ///   - `executor()`, on which its streams, listeners and timers run;
 ///   - `async_connect(endpoint, token)`, completing with `(error_code, stream_type)` and
-///     giving up after the transport's own connect timeout.
+///     giving up after the transport's own connect timeout;
+///   - `round_trip_time(stream)`: the connection's round-trip time as far as the transport
+///     knows it, zero if it does not (the multiplexer's windows follow it).
 template <class T>
 concept transport = std::copy_constructible<T> &&
     requires(T& t, const typename T::endpoint_type& endpoint, const peer_address& address,
-             typename T::listener_type& listener) {
+             typename T::listener_type& listener, typename T::stream_type& stream) {
     typename T::stream_type;
     typename T::timer_type;
     typename T::clock_type;
@@ -48,6 +50,7 @@ concept transport = std::copy_constructible<T> &&
     {
         t.async_connect(endpoint, asio::experimental::as_tuple(asio::use_awaitable))
         } -> std::same_as<asio::awaitable<std::tuple<std::error_code, typename T::stream_type>>>;
+    { T::round_trip_time(stream) } -> std::same_as<hivemesh::duration>;
     requires std::constructible_from<typename T::timer_type, decltype(t.executor())>;
 };
 

@@ -108,7 +108,9 @@ HIVEMESH_DECL mux_connection::mux_connection(asio::any_io_executor ex,
     , remote_(remote)
     , options_(options)
     , next_local_id_(we_dialed ? 1 : 2)
-    , placement_([this](byte_view head, std::size_t rest) { return place(head, rest); }) {}
+    , placement_([this](byte_view head, std::size_t rest) { return place(head, rest); }) {
+    stats_.widest_window = options_.initial_window;
+}
 
 HIVEMESH_DECL void mux_connection::start(byte_buffer hello, incoming_handler on_incoming,
                                          closed_handler on_closed) {
@@ -143,7 +145,8 @@ HIVEMESH_DECL asio::awaitable<std::error_code> mux_connection::open(mux_stream& 
     if (!accepts_streams()) co_return errc::connection_closed;
     const std::uint32_t id = next_local_id_;
     next_local_id_ += 2;
-    auto state = std::make_shared<detail::stream_state>(ex_, id, peer_.initial_window);
+    auto state = std::make_shared<detail::stream_state>(ex_, id, peer_.initial_window,
+                                                        options_.initial_window);
     streams_.emplace(id, state);
     ++local_streams_;
     ++activity_;
@@ -405,7 +408,8 @@ HIVEMESH_DECL std::error_code mux_connection::on_data(const frame& f) {
             queue_reset(f.stream, errc::refused);
             return {};
         }
-        s = std::make_shared<detail::stream_state>(ex_, f.stream, peer_.initial_window);
+        s = std::make_shared<detail::stream_state>(ex_, f.stream, peer_.initial_window,
+                                                   options_.initial_window);
         s->open_sent = true; // the peer opened it: our frames carry no open flag
         streams_.emplace(f.stream, s);
         ++remote_streams_;
@@ -418,7 +422,7 @@ HIVEMESH_DECL std::error_code mux_connection::on_data(const frame& f) {
     if (s->remote_ended) return errc::protocol_violation;
 
     s->received += f.payload.size();
-    if (s->received - s->credited > options_.initial_window) return errc::protocol_violation;
+    if (s->received - s->credited > s->window) return errc::protocol_violation;
     if (s->filled + f.payload.size() > options_.max_message_size) {
         reset(s, errc::message_too_large);
     } else {
@@ -440,7 +444,7 @@ HIVEMESH_DECL std::span<std::byte> mux_connection::place(byte_view head, std::si
         rest > options_.frame_payload)
         return {};
     const stream_ptr s = find(f.stream);
-    if (!s || s->remote_ended || s->received + rest - s->credited > options_.initial_window ||
+    if (!s || s->remote_ended || s->received + rest - s->credited > s->window ||
         s->filled + rest > options_.max_message_size)
         return {};
     // Counted as received and buffered from now on, as on_data does after its copy.
@@ -519,12 +523,38 @@ HIVEMESH_DECL void mux_connection::credit(const stream_ptr& s) {
     if (uncredited <= hold) return;
     const std::uint64_t amount = uncredited - hold;
     // Small credits are batched; a stalled sender always gets at least a quarter window.
-    if (amount < options_.initial_window / 4 && uncredited < options_.initial_window) return;
+    if (amount < s->window / 4 && uncredited < s->window) return;
     s->credited += amount;
+    const std::uint32_t growth = widen(s);
     byte_buffer frame;
     binary_writer w(frame);
-    write_window_frame(w, s->id, static_cast<std::uint32_t>(amount));
+    write_window_frame(w, s->id, static_cast<std::uint32_t>(amount + growth));
     queue_control(std::move(frame));
+}
+
+HIVEMESH_DECL std::uint32_t mux_connection::widen(const stream_ptr& s) {
+    if (s->window >= options_.max_window || window_growth_ >= options_.max_window_growth) return 0;
+    const duration round_trip = channel_->round_trip_time();
+    if (round_trip <= duration::zero()) return 0;
+    const time_point now = channel_->now();
+    const duration elapsed = now - s->sample_start;
+    if (elapsed < round_trip) return 0; // a sample spans a round trip at least
+    const auto moved = static_cast<double>(s->credited - s->sample_credited);
+    s->sample_start = now;
+    s->sample_credited = s->credited;
+    // Under half the window a round trip: what limits the stream is not its window (so says
+    // a stream's first sample too, which begins at the epoch).
+    if (moved * static_cast<double>(round_trip.count()) <
+        0.5 * s->window * static_cast<double>(elapsed.count()))
+        return 0;
+    const std::uint64_t room = std::min<std::uint64_t>(options_.max_window - s->window,
+                                                       options_.max_window_growth - window_growth_);
+    const auto growth = static_cast<std::uint32_t>(std::min<std::uint64_t>(s->window, room));
+    s->window += growth;
+    window_growth_ += growth;
+    stats_.widest_window = std::max(stats_.widest_window, s->window);
+    stats_.peak_window_growth = std::max(stats_.peak_window_growth, window_growth_);
+    return growth;
 }
 
 HIVEMESH_DECL asio::awaitable<std::error_code> mux_connection::receive(const stream_ptr& s,
@@ -578,6 +608,7 @@ HIVEMESH_DECL void mux_connection::reset(const stream_ptr& s, errc code) {
 HIVEMESH_DECL void mux_connection::finish(const stream_ptr& s, std::error_code failure) {
     if (s->finished) return;
     s->finished = true;
+    window_growth_ -= s->window - options_.initial_window;
     if (failure && !s->failure) s->failure = failure;
     // Unsent messages are cancelled; received ones stay readable after a clean finish
     // (the peer may end while our own end-of-stream is still queued).

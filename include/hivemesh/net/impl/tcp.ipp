@@ -15,6 +15,7 @@
 #endif
 
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <span>
@@ -43,6 +44,18 @@ HIVEMESH_DECL std::error_code apply_connection_options(asio::ip::tcp::socket& so
     }
 #endif
     return ec;
+}
+
+HIVEMESH_DECL hivemesh::duration round_trip_time(asio::ip::tcp::socket& socket) noexcept {
+#if defined(TCP_INFO)
+    tcp_info info{};
+    socklen_t size = sizeof info;
+    if (::getsockopt(socket.native_handle(), IPPROTO_TCP, TCP_INFO, &info, &size) == 0 &&
+        size >= offsetof(tcp_info, tcpi_rtt) + sizeof info.tcpi_rtt)
+        return std::chrono::microseconds(info.tcpi_rtt);
+#endif
+    (void)socket;
+    return hivemesh::duration::zero();
 }
 
 HIVEMESH_DECL std::optional<asio::ip::tcp::endpoint> to_endpoint(const peer_address& address) {

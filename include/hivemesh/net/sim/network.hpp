@@ -635,6 +635,14 @@ public:
     node_id local_node() const { return local_endpoint().node; }
     node_id remote_node() const { return remote_endpoint().node; }
 
+    /// The latencies of the links both ways (no queueing counted); zero when not connected.
+    duration round_trip_time() const noexcept {
+        if (!connection_) return duration::zero();
+        const auto& ends = connection_->ends;
+        return connection_->core->link(ends[0].node, ends[1].node).latency +
+               connection_->core->link(ends[1].node, ends[0].node).latency;
+    }
+
     /// Half-closes the connection (see the class comment). Errors: bad_descriptor when the
     /// stream is closed, network_down when the network is gone.
     void shutdown(asio::socket_base::shutdown_type what, std::error_code& ec) {

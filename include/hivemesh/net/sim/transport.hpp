@@ -49,6 +49,10 @@ public:
                                    std::optional<crypto::peer_id> peer = std::nullopt) {
         return peer_address::sim(endpoint.node, endpoint.port, peer);
     }
+    /// The round-trip time of `stream`'s links (see stream::round_trip_time).
+    static hivemesh::duration round_trip_time(const stream_type& stream) noexcept {
+        return stream.round_trip_time();
+    }
     node_id node() const noexcept { return node_; }
     network& net() const noexcept { return *network_; }
     clock_type clock() const noexcept { return clock_type(network_->time()); }
