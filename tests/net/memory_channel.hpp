@@ -120,6 +120,12 @@ public:
     std::size_t placements = 0;      ///< records whose rest went to a placement
     std::function<void()> on_placed; ///< called when a placement is taken, before the copy
 
+    /// What the multiplexer's window growth reads (a zero round trip keeps windows fixed).
+    duration round_trip{};
+    time_point clock{};
+    duration round_trip_time() noexcept override { return round_trip; }
+    time_point now() const noexcept override { return clock; }
+
     void close() noexcept override {
         state_->closed = true;
         state_->wake[0].notify();

@@ -551,6 +551,41 @@ TEST_CASE("a receiver that stops reading stalls the sender at its window", "[net
     pair.run([&] { return sender_done; });
 }
 
+TEST_CASE("a window grows by the channel's round trips and clock, also after the clock stepped "
+          "back",
+          "[net][mux]") {
+    using namespace std::chrono_literals;
+    mux_pair pair;
+    pair.channel_b->round_trip = 10ms;
+    mux_stream sender;
+    pair.run(spawn(pair.io,
+                   [&]() -> asio::awaitable<void> { co_await require_ok(pair.a->open(sender)); }));
+    // Moves `mib` messages of 1 MiB from a to b, read as they come, with b's clock at `at`.
+    auto move = [&](int mib, std::chrono::nanoseconds at) {
+        pair.channel_b->clock = time_point(at);
+        auto sending = spawn(pair.io, [&, mib]() -> asio::awaitable<void> {
+            for (int i = 0; i < mib; ++i)
+                co_await require_ok(sender.send(random_bytes(1 << 20, 3)));
+        });
+        pair.run([&] { return !pair.incoming_b.empty(); });
+        pair.run(spawn(pair.io, [&, mib]() -> asio::awaitable<void> {
+            for (int i = 0; i < mib; ++i) {
+                byte_buffer m;
+                co_await require_ok(pair.incoming_b.front().receive(m));
+            }
+        }));
+        pair.run(sending);
+        return pair.b->statistics().widest_window;
+    };
+    const std::uint32_t initial = net::mux_options{}.initial_window;
+    CHECK(move(1, 3600s) == initial); // the first sample, from the epoch: no rate to judge
+    CHECK(move(2, 0s) == initial);    // the clock stepped back an hour: a new sample
+    // 2 MiB in the round trip since: more than half the window, which doubles.
+    CHECK(move(1, 10ms) == 2 * initial);
+    // 1 MiB in 100 ms, a twentieth of the window a round trip: it stays.
+    CHECK(move(1, 110ms) == 2 * initial);
+}
+
 TEST_CASE("a reset reaches the other side with its code", "[net][mux]") {
     mux_pair pair;
     std::error_code seen;

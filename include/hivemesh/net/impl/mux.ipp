@@ -538,14 +538,15 @@ HIVEMESH_DECL std::uint32_t mux_connection::widen(const stream_ptr& s) {
     if (round_trip <= duration::zero()) return 0;
     const time_point now = channel_->now();
     const duration elapsed = now - s->sample_start;
-    if (elapsed < round_trip) return 0; // a sample spans a round trip at least
+    const bool stepped_back = elapsed < duration::zero(); // TCP's clock is the wall clock
+    if (!stepped_back && elapsed < round_trip) return 0;  // a sample spans a round trip
     const auto moved = static_cast<double>(s->credited - s->sample_credited);
     s->sample_start = now;
     s->sample_credited = s->credited;
     // Under half the window a round trip: what limits the stream is not its window (so says
     // a stream's first sample too, which begins at the epoch).
-    if (moved * static_cast<double>(round_trip.count()) <
-        0.5 * s->window * static_cast<double>(elapsed.count()))
+    if (stepped_back || moved * static_cast<double>(round_trip.count()) <
+                            0.5 * s->window * static_cast<double>(elapsed.count()))
         return 0;
     const std::uint64_t room = std::min<std::uint64_t>(options_.max_window - s->window,
                                                        options_.max_window_growth - window_growth_);
