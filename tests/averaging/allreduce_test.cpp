@@ -355,6 +355,48 @@ TEST_CASE("allreduce: the adaptive codec choice compresses over links slower tha
     CHECK(slower_link(std::numeric_limits<double>::infinity(), 0) == 0);
 }
 
+TEST_CASE("allreduce: over a long, fast link a round on warm connections takes its byte bound "
+          "and a few round trips",
+          "[averaging][allreduce]") {
+    // Two peers, 1 Gbit/s up and down, 100 ms round trips, 32 MB each: a peer sends and
+    // receives 16 MB of parts and 16 MB of averages, 0.27 s at the link's rate.
+    constexpr std::size_t size = std::size_t{8} << 20;
+    const double bound = 2.0 * (size / 2) * sizeof(float) / 125e6;
+    const bool growing = GENERATE(true, false);
+    CAPTURE(growing);
+    averaging::allreduce_options options;
+    options.sender_timeout = 60s;
+    options.reducer_timeout = 60s;
+    net::node_options rpc;
+    if (!growing) rpc.mux.max_window = rpc.mux.initial_window;
+    allreduce_group<sim_world> g({member_role::node, member_role::node}, size, options, 1,
+                                 std::nullopt, false, {rpc, rpc});
+    g.world.network.set_default_link({50ms, 0, 0.0});
+    for (auto& m : g.members)
+        g.world.network.set_node_bandwidth(m.transport->node(), 125'000'000, 125'000'000);
+    double seconds = 0;
+    for (std::uint8_t round = 0; round < 2; ++round) { // the first one also dials
+        for (auto& p : g.peers) {
+            p.outcome.reset();
+            p.values = p.initial;
+        }
+        g.group.id[0] = std::byte{round};
+        g.run(600s);
+        time_point last{};
+        for (const auto& p : g.peers) {
+            REQUIRE_FALSE(p.outcome->first);
+            CHECK(p.outcome->second.fraction_averaged() == 1.0);
+            last = std::max(last, p.finished_at);
+        }
+        seconds = std::chrono::duration<double>(last - g.started_at).count();
+    }
+    // A 2 MiB window allows 21 MB/s, 16 MB in 0.8 s: the growth is what meets the bound.
+    if (growing)
+        CHECK(seconds <= bound + 0.3);
+    else
+        CHECK(seconds >= bound + 0.6);
+}
+
 TEST_CASE("allreduce: with the measured codec rate, a group announcing less bandwidth sends "
           "blockwise_8bit, one announcing more sends its values exactly",
           "[allreduce][adaptive]") {

@@ -1008,6 +1008,10 @@ TEST_CASE("a stream over a long, fast link widens its window until the link limi
         CHECK(st.widest_window == options.mux.max_window);
         CHECK(st.peak_window_growth == options.mux.max_window - options.mux.initial_window);
         CHECK(st.peak_buffered <= options.mux.max_window + long_link::chunk_size);
+        // A later stream on the connection gets the grown window with its first credit.
+        run.arrivals.clear();
+        run.upload(std::uint64_t{32} << 20);
+        CHECK(run.rate_from(0) >= 0.7 * gigabit); // its first round trip runs at 2 MiB
     }
     SECTION("max_window at initial_window keeps them fixed") {
         options.mux.max_window = options.mux.initial_window;

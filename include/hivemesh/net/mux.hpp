@@ -56,8 +56,9 @@ struct mux_options {
     /// The most a stream's window grows to. A window doubles while the stream moves more
     /// than half of it in one round trip of the link (as the transport measures it; the
     /// simulated network's and TCP's do): on a long, fast link the window and not the link
-    /// would limit it (2 MiB a 100 ms round trip is 21 MB/s). initial_window or less keeps
-    /// every window at initial_window.
+    /// would limit it (2 MiB a 100 ms round trip is 21 MB/s). A stream on the move gets at
+    /// once the widest window the connection's streams reached. initial_window or less
+    /// keeps every window at initial_window.
     std::uint32_t max_window = 16u << 20;
     /// Bytes by which the windows of one connection's streams may together exceed
     /// initial_window; a stream that finishes gives its share back.

@@ -534,23 +534,29 @@ HIVEMESH_DECL void mux_connection::credit(const stream_ptr& s) {
 
 HIVEMESH_DECL std::uint32_t mux_connection::widen(const stream_ptr& s) {
     if (s->window >= options_.max_window || window_growth_ >= options_.max_window_growth) return 0;
-    const duration round_trip = channel_->round_trip_time();
-    if (round_trip <= duration::zero()) return 0;
-    const time_point now = channel_->now();
-    const duration elapsed = now - s->sample_start;
-    const bool stepped_back = elapsed < duration::zero(); // TCP's clock is the wall clock
-    if (!stepped_back && elapsed < round_trip) return 0;  // a sample spans a round trip
-    const auto moved = static_cast<double>(s->credited - s->sample_credited);
-    s->sample_start = now;
-    s->sample_credited = s->credited;
-    // Under half the window a round trip: what limits the stream is not its window (so says
-    // a stream's first sample too, which begins at the epoch).
-    if (stepped_back || moved * static_cast<double>(round_trip.count()) <
-                            0.5 * s->window * static_cast<double>(elapsed.count()))
-        return 0;
-    const std::uint64_t room = std::min<std::uint64_t>(options_.max_window - s->window,
-                                                       options_.max_window_growth - window_growth_);
-    const auto growth = static_cast<std::uint32_t>(std::min<std::uint64_t>(s->window, room));
+    // A stream on the move gets at once the widest window the connection's streams needed
+    // before: each round of a bulk protocol (the all-reduce's) opens new ones.
+    std::uint64_t wanted = stats_.widest_window;
+    if (wanted <= s->window) {
+        const duration round_trip = channel_->round_trip_time();
+        if (round_trip <= duration::zero()) return 0;
+        const time_point now = channel_->now();
+        const duration elapsed = now - s->sample_start;
+        const bool stepped_back = elapsed < duration::zero(); // TCP's clock is the wall clock
+        if (!stepped_back && elapsed < round_trip) return 0;  // a sample spans a round trip
+        const auto moved = static_cast<double>(s->credited - s->sample_credited);
+        s->sample_start = now;
+        s->sample_credited = s->credited;
+        // Under half the window a round trip: what limits the stream is not its window (so
+        // says a stream's first sample too, which begins at the epoch).
+        if (stepped_back || moved * static_cast<double>(round_trip.count()) <
+                                0.5 * s->window * static_cast<double>(elapsed.count()))
+            return 0;
+        wanted = 2 * std::uint64_t{s->window};
+    }
+    const auto growth = static_cast<std::uint32_t>(
+        std::min({wanted - s->window, std::uint64_t{options_.max_window - s->window},
+                  std::uint64_t{options_.max_window_growth - window_growth_}}));
     s->window += growth;
     window_growth_ += growth;
     stats_.widest_window = std::max(stats_.widest_window, s->window);
