@@ -125,7 +125,7 @@ struct mux_statistics {
     std::size_t peak_buffered = 0;      ///< most payload bytes held for the application at once
     std::uint64_t landings_reused = 0;  ///< messages landed in the storage of one read before
     std::uint64_t streams_refused = 0;  ///< opened by the peer past our max_streams (reset)
-    std::uint32_t widest_window = 0;    ///< largest window a stream of ours had
+    std::uint32_t widest_window = 0;    ///< largest window a stream of ours had (max_window)
     std::size_t peak_window_growth = 0; ///< most the windows exceeded initial_window by at once
 };
 
@@ -420,8 +420,9 @@ private:
     /// the message being assembled.
     HIVEMESH_DECL void credit(const stream_ptr& s);
 
-    /// Called as `s` is credited: once a round trip has passed since the last sample, grows
-    /// its window if the stream moved more than half of it per round trip meanwhile.
+    /// Called as `s` is credited: brings its window to the widest one the connection's
+    /// streams reached and, from there, once a round trip has passed since the last sample,
+    /// doubles it if the stream moved more than half of it per round trip meanwhile.
     /// Returns the growth, which the credit adds.
     HIVEMESH_DECL std::uint32_t widen(const stream_ptr& s);
 
