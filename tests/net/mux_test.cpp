@@ -578,11 +578,11 @@ TEST_CASE("a window grows by the channel's round trips and clock, also after the
         return pair.b->statistics().widest_window;
     };
     const std::uint32_t initial = net::mux_options{}.initial_window;
-    CHECK(move(1, 3600s) == initial); // the first sample, from the epoch: no rate to judge
+    CHECK(move(1, 3600s) == initial); // the first sample spans the hour since the epoch
     CHECK(move(2, 0s) == initial);    // the clock stepped back an hour: a new sample
     // 2 MiB in the round trip since: more than half the window, which doubles.
     CHECK(move(1, 10ms) == 2 * initial);
-    // 1 MiB in 100 ms, a twentieth of the window a round trip: it stays.
+    // 1 MiB in 100 ms, a fortieth of the window a round trip: it stays.
     CHECK(move(1, 110ms) == 2 * initial);
 }
 
