@@ -124,7 +124,7 @@ public:
     duration round_trip{};
     time_point clock{};
     duration round_trip_time() noexcept override { return round_trip; }
-    time_point now() const noexcept override { return clock; }
+    time_point now() noexcept override { return clock; }
 
     void close() noexcept override {
         state_->closed = true;

@@ -166,7 +166,7 @@ public:
     virtual duration round_trip_time() noexcept { return duration::zero(); }
     /// The time on the transport's clock (virtual on the simulated network); read only
     /// while round_trip_time() is not zero.
-    virtual time_point now() const noexcept { return {}; }
+    virtual time_point now() noexcept { return {}; }
 };
 
 /// The protocol's initial window and stream count until the peer's settings arrive.

@@ -280,9 +280,8 @@ namespace detail {
 template <transport Transport, class Stream>
 class secure_record_channel final : public record_channel {
 public:
-    secure_record_channel(secure_stream<Stream> stream, asio::any_io_executor executor)
-        : stream_(std::move(stream))
-        , executor_(std::move(executor)) {}
+    explicit secure_record_channel(secure_stream<Stream> stream)
+        : stream_(std::move(stream)) {}
     asio::awaitable<std::error_code> write(std::span<const byte_view> heads,
                                            std::span<const byte_view> bodies) override {
         co_return co_await stream_.write(heads, bodies);
@@ -303,11 +302,10 @@ public:
     duration round_trip_time() noexcept override {
         return Transport::round_trip_time(stream_.next_layer().next_layer());
     }
-    time_point now() const noexcept override { return transport_now<Transport>(executor_); }
+    time_point now() noexcept override { return transport_now<Transport>(stream_.get_executor()); }
 
 private:
     secure_stream<Stream> stream_;
-    asio::any_io_executor executor_;
 };
 
 /// Maps transport errors to the RPC layer's codes; running out of descriptors stays as it is.

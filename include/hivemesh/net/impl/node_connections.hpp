@@ -257,8 +257,8 @@ asio::awaitable<std::error_code> node<Transport>::secure(state_ptr st, stream_ty
     if (st->upload) mux.max_batch_bytes = std::min(mux.max_batch_bytes, st->upload->burst());
     auto connection = std::make_shared<mux_connection>(
         st->executor,
-        std::make_unique<detail::secure_record_channel<Transport, capped_stream>>(std::move(stream),
-                                                                                  st->executor),
+        std::make_unique<detail::secure_record_channel<Transport, capped_stream>>(
+            std::move(stream)),
         remote, side == crypto::role::dialer, mux);
     if (st->options.max_connections > 0) make_room(st);
     st->connections[remote].push_back({connection, ~std::uint64_t{0}, ++st->use_clock});

@@ -53,8 +53,9 @@ HIVEMESH_DECL hivemesh::duration round_trip_time(asio::ip::tcp::socket& socket) 
     if (::getsockopt(socket.native_handle(), IPPROTO_TCP, TCP_INFO, &info, &size) == 0 &&
         size >= offsetof(tcp_info, tcpi_rtt) + sizeof info.tcpi_rtt)
         return std::chrono::microseconds(info.tcpi_rtt);
-#endif
+#else
     (void)socket;
+#endif
     return hivemesh::duration::zero();
 }
 

@@ -438,6 +438,10 @@ struct network_core : std::enable_shared_from_this<network_core> {
     // --- bookkeeping
     void check_node(node_id node) const;
     const link_properties& link(node_id from, node_id to) const;
+    /// The latencies of the links between a and b, both ways (no queueing counted).
+    duration round_trip(node_id a, node_id b) const {
+        return link(a, b).latency + link(b, a).latency;
+    }
     bool reachable(node_id a, node_id b) const { return nodes[a].side == nodes[b].side; }
     duration retransmission_timeout(node_id from, node_id to, std::uint32_t attempts) const;
     void record(trace_kind kind, std::uint64_t a = 0, std::uint64_t b = 0, std::uint64_t c = 0,
@@ -638,9 +642,7 @@ public:
     /// The latencies of the links both ways (no queueing counted); zero when not connected.
     duration round_trip_time() const noexcept {
         if (!connection_) return duration::zero();
-        const auto& ends = connection_->ends;
-        return connection_->core->link(ends[0].node, ends[1].node).latency +
-               connection_->core->link(ends[1].node, ends[0].node).latency;
+        return connection_->core->round_trip(connection_->ends[0].node, connection_->ends[1].node);
     }
 
     /// Half-closes the connection (see the class comment). Errors: bad_descriptor when the
@@ -1030,8 +1032,7 @@ inline const link_properties& network_core::link(node_id from, node_id to) const
 
 inline duration network_core::retransmission_timeout(node_id from, node_id to,
                                                      std::uint32_t attempts) const {
-    const auto round_trip = link(from, to).latency + link(to, from).latency;
-    auto rto = std::max(config.min_retransmission_timeout, 2 * round_trip);
+    auto rto = std::max(config.min_retransmission_timeout, 2 * round_trip(from, to));
     for (std::uint32_t i = 1; i < attempts && rto < config.max_retransmission_timeout; ++i)
         rto = std::min(config.max_retransmission_timeout, 2 * rto);
     return std::min(rto, config.max_retransmission_timeout);
