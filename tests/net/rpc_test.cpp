@@ -150,20 +150,28 @@ std::shared_ptr<close_outcome> start_close(Node& node) {
     return outcome;
 }
 
-/// A streaming method "sink" that hands every message to `on_message` and ends with ok.
+/// A streaming method "sink" that hands every message to `on_message` and ends with ok;
+/// with a `pause`, it waits that long of the world's time after each message.
 template <class World>
-void add_sink(host<World>& h, std::function<void(const byte_buffer&)> on_message) {
-    h.node->add_stream_handler("sink",
-                               [on_message](const net::call_context&, net::call_stream& stream)
-                                   -> asio::awaitable<std::error_code> {
-                                   while (true) {
-                                       byte_buffer m;
-                                       const auto ec = co_await stream.read(m);
-                                       if (ec == asio::error::eof) co_return std::error_code{};
-                                       if (ec) co_return ec;
-                                       on_message(m);
-                                   }
-                               });
+void add_sink(host<World>& h, std::function<void(const byte_buffer&)> on_message,
+              duration pause = {}) {
+    h.node->add_stream_handler(
+        "sink",
+        [on_message, pause](const net::call_context&,
+                            net::call_stream& stream) -> asio::awaitable<std::error_code> {
+            typename World::transport_type::timer_type timer(co_await asio::this_coro::executor);
+            while (true) {
+                byte_buffer m;
+                const auto ec = co_await stream.read(m);
+                if (ec == asio::error::eof) co_return std::error_code{};
+                if (ec) co_return ec;
+                on_message(m);
+                if (pause > duration::zero()) {
+                    timer.expires_after(pause);
+                    co_await timer.async_wait(asio::use_awaitable);
+                }
+            }
+        });
 }
 
 /// Streams `chunk` to `to`'s "sink" (see add_sink) until `total` bytes went out, ends the
@@ -923,12 +931,12 @@ TEST_CASE("a node's upload cap holds for all its connections together", "[net][r
 namespace {
 
 /// Uploads to sinks over a simulated link, the same both ways, whose simulated TCP buffers
-/// are no limit: what limits a stream is its window, the link or the reader.
+/// are no limit: what limits a stream is its window, the link or the reader, which takes
+/// `read_pause` a message.
 struct long_link {
     sim_world world;
     host<sim_world> receiver, sender;
     std::vector<test::timed_bytes> arrivals; ///< of every message, at its last byte
-    duration read_pause{};                   ///< the sink's time per message
 
     static constexpr std::size_t chunk_size = std::size_t{1} << 20;
     const byte_buffer chunk = random_bytes(chunk_size, 9);
@@ -940,27 +948,17 @@ struct long_link {
         return config;
     }
 
-    long_link(const net::sim::link_properties& link, const net::node_options& options)
+    long_link(const net::sim::link_properties& link, const net::node_options& options,
+              duration read_pause = {})
         : world(config_for(link))
         , receiver(world, 1, options)
         , sender(world, 2, options) {
-        receiver.node->add_stream_handler(
-            "sink",
-            [this](const net::call_context&,
-                   net::call_stream& stream) -> asio::awaitable<std::error_code> {
-                net::sim::timer pause(co_await asio::this_coro::executor);
-                while (true) {
-                    byte_buffer m;
-                    const auto ec = co_await stream.read(m);
-                    if (ec == asio::error::eof) co_return std::error_code{};
-                    if (ec) co_return ec;
-                    arrivals.push_back({world.now().time_since_epoch(), m.size()});
-                    if (read_pause > 0s) {
-                        pause.expires_after(read_pause);
-                        co_await pause.async_wait(asio::use_awaitable);
-                    }
-                }
-            });
+        add_sink(
+            receiver,
+            [this](const byte_buffer& m) {
+                arrivals.push_back({steady_now(world), m.size()});
+            },
+            read_pause);
     }
 
     /// Runs `count` uploads of `each` bytes at once, on one connection.
@@ -1027,8 +1025,7 @@ TEST_CASE("a stream over a long, fast link widens its window until the link limi
 TEST_CASE("a window stays as it is while the reader or the link limits its stream", "[net][rpc]") {
     net::node_options options;
     SECTION("a reader taking 200 ms a megabyte, a quarter of the window a round trip") {
-        long_link run({50ms, 125'000'000, 0.0}, options);
-        run.read_pause = 200ms;
+        long_link run({50ms, 125'000'000, 0.0}, options, 200ms);
         run.upload(std::uint64_t{16} << 20);
         CHECK(run.rate_from(0) <= 1.05 * long_link::chunk_size / 0.2);
         CHECK(run.statistics().widest_window == options.mux.initial_window);
