@@ -1,6 +1,7 @@
 // hivemesh::compiled: the RPC node over TCP and over the simulated network, compiled once.
 #include <hivemesh/net/impl/node_calls.hpp>
 #include <hivemesh/net/impl/node_connections.hpp>
+#include <hivemesh/net/impl/node_datagrams.hpp>
 #include <hivemesh/net/node.hpp>
 #include <hivemesh/net/sim.hpp>
 

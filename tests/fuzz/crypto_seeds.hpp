@@ -1,10 +1,12 @@
 // The fixed keys and seeds of the crypto fuzz targets (fuzz_secure_record.cpp,
-// fuzz_handshake.cpp), shared with make_corpus.cpp so that its seed inputs are valid for them.
+// fuzz_handshake.cpp, fuzz_datagram.cpp), shared with make_corpus.cpp so that its seed inputs
+// are valid for them.
 #pragma once
 
 #include <hivemesh/crypto/secure_channel.hpp>
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -30,6 +32,9 @@ inline std::array<std::byte, 32> filled(std::uint8_t value) {
 inline crypto::symmetric_key record_key() {
     return crypto::symmetric_key(filled(record_key_byte));
 }
+
+// fuzz_datagram: datagrams the dialer's identity sealed for the listener's at this time.
+inline constexpr std::chrono::milliseconds datagram_sent_at{1'800'000'000'000};
 
 /// fuzz_handshake's ticket, when its selector's bit 4 is set: id and secret 32 bytes of these.
 inline constexpr std::uint8_t ticket_id_byte = 0x44, ticket_secret_byte = 0x55;

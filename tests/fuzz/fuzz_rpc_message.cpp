@@ -1,5 +1,5 @@
-// libFuzzer target: the RPC call header and reply decoders on arbitrary messages. Every
-// input decodes or is refused; what decodes re-encodes to the same meaning.
+// libFuzzer target: the RPC call header, reply and datagram message decoders on arbitrary
+// messages. Every input decodes or is refused; what decodes re-encodes to the same meaning.
 #include <hivemesh/net/rpc_wire.hpp>
 
 #include <cstdint>
@@ -26,6 +26,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (net::decode_reply(again, decoded) || decoded.tag != reply.tag ||
             decoded.status != reply.status || decoded.detail != reply.detail ||
             decoded.body.size() != reply.body.size())
+            std::abort();
+    }
+
+    net::datagram_message datagram;
+    if (!net::decode_datagram_message(input, datagram)) {
+        byte_buffer again;
+        net::append_datagram_header(datagram.kind, datagram.call, again);
+        again.insert(again.end(), datagram.message.begin(), datagram.message.end());
+        if (again.size() != input.size() || !std::equal(again.begin(), again.end(), input.begin()))
             std::abort();
     }
     return 0;

@@ -9,6 +9,7 @@
 #include <hivemesh/averaging/state_sharing.hpp>
 #include <hivemesh/compression.hpp>
 #include <hivemesh/core/random.hpp>
+#include <hivemesh/crypto/datagram.hpp>
 #include <hivemesh/crypto/secure_channel.hpp>
 #include <hivemesh/dht/messages.hpp>
 #include <hivemesh/net/address.hpp>
@@ -71,6 +72,22 @@ void write_record_corpus(const std::filesystem::path& dir) {
     }
 }
 
+// Datagrams from the dialer to the listener, empty and not, at fuzz_datagram's time.
+void write_datagram_corpus(const std::filesystem::path& dir) {
+    using namespace hivemesh::crypto;
+    datagram_sealer dialer(identity::from_seed(filled(dialer_seed)), {});
+    const auto listener = identity::from_seed(filled(listener_seed));
+    for (std::size_t n : {0, 1, 100, 1200}) {
+        hivemesh::byte_buffer datagram;
+        hivemesh::throw_if_error(
+            dialer.seal(listener.public_key(),
+                        hivemesh::byte_buffer(n, std::byte{static_cast<unsigned char>(n)}),
+                        hivemesh::time_point{datagram_sent_at}, datagram),
+            "make_corpus: seal a datagram");
+        write_file(dir / ("datagram_" + std::to_string(n)), datagram);
+    }
+}
+
 // Valid messages 1, 2 and 3 between the fixed peers, for every selector's options (with
 // bit 4, the resumed handshake's).
 void write_handshake_corpus(const std::filesystem::path& dir) {
@@ -121,7 +138,7 @@ void write_frame_corpus(const std::filesystem::path& dir) {
                frame([](auto& w) { write_frame_header(w, frame_type::goaway, 0); }));
 }
 
-// Call headers and replies, for fuzz_rpc_message.
+// Call headers, replies and datagram messages, for fuzz_rpc_message.
 void write_rpc_corpus(const std::filesystem::path& dir) {
     using namespace hivemesh::net;
     const hivemesh::byte_buffer body(40, std::byte{3});
@@ -132,6 +149,17 @@ void write_rpc_corpus(const std::filesystem::path& dir) {
     write_file(dir / "data", encode_reply(reply_tag::data, body));
     write_file(dir / "status",
                encode_status(make_error_code(hivemesh::errc::refused), "no such method"));
+    for (const auto kind :
+         {datagram_kind::request, datagram_kind::reply, datagram_kind::by_stream}) {
+        hivemesh::byte_buffer datagram;
+        append_datagram_header(kind, 0x0102030405060708, datagram);
+        const auto message = kind == datagram_kind::request
+                                 ? encode_call_header(call_kind::unary, "dht.find", 5000, body)
+                             : kind == datagram_kind::reply ? encode_reply(reply_tag::reply, body)
+                                                            : hivemesh::byte_buffer{};
+        datagram.insert(datagram.end(), message.begin(), message.end());
+        write_file(dir / ("datagram_" + std::to_string(static_cast<int>(kind))), datagram);
+    }
 }
 
 // Addresses of every protocol, printable and binary, for fuzz_address.
@@ -364,6 +392,7 @@ int main(int argc, char** argv) {
     write_record_corpus(dir("secure_record"));
     write_averaging_corpus(dir("averaging_messages"));
     write_handshake_corpus(dir("handshake"));
+    write_datagram_corpus(dir("datagram"));
     write_frame_corpus(dir("mux_frame"));
     write_rpc_corpus(dir("rpc_message"));
     write_address_corpus(dir("address"));

@@ -58,6 +58,10 @@ struct host {
         , endpoint(world.listen(*node, transport)) {}
 
     typename node_type::peer peer() const { return {node->id(), endpoint}; }
+    /// peer() with its key, so that calls may go by datagram.
+    typename node_type::peer keyed_peer() const {
+        return {node->id(), endpoint, node->identity().public_key()};
+    }
 };
 
 struct call_outcome {
@@ -101,7 +105,7 @@ struct slow_handler {
 
 /// A method "slow" that waits an hour of the world's time before it answers.
 template <class World>
-void add_slow(host<World>& h, slow_handler& seen) {
+void add_slow(host<World>& h, slow_handler& seen, net::handler_options how = {}) {
     h.node->add_handler(
         "slow",
         [&seen](const net::call_context&, byte_view,
@@ -113,13 +117,14 @@ void add_slow(host<World>& h, slow_handler& seen) {
                 co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
             seen.cancelled = ec == asio::error::operation_aborted;
             co_return ec;
-        });
+        },
+        how);
 }
 
 /// A method "pause" that answers with its request after `delay` of the world's time;
 /// `started` counts the calls it took.
 template <class World>
-void add_pause(host<World>& h, duration delay, int& started) {
+void add_pause(host<World>& h, duration delay, int& started, net::handler_options how = {}) {
     h.node->add_handler(
         "pause",
         [delay, &started](const net::call_context&, byte_view request,
@@ -131,7 +136,8 @@ void add_pause(host<World>& h, duration delay, int& started) {
                 co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
             response.assign(request.begin(), request.end());
             co_return ec;
-        });
+        },
+        how);
 }
 
 /// Where a node's async_close completed.
@@ -1349,4 +1355,273 @@ TEST_CASE("streams a peer opens past max_streams are refused and counted, also o
     CHECK(stats.streams_refused == 3);
     CHECK(stats.open_connections == 0);
     CHECK(stats.open_streams == 0);
+}
+
+namespace {
+
+/// "echo" served by datagram too; "big" answers 4000 bytes by datagram if it can.
+template <class World>
+void add_datagram_methods(host<World>& h) {
+    h.node->add_handler("echo",
+                        [](const net::call_context&, byte_view request,
+                           byte_buffer& response) -> asio::awaitable<std::error_code> {
+                            response.assign(request.begin(), request.end());
+                            co_return std::error_code{};
+                        },
+                        {.datagrams = true});
+    h.node->add_handler("big",
+                        [](const net::call_context&, byte_view,
+                           byte_buffer& response) -> asio::awaitable<std::error_code> {
+                            response = random_bytes(4000, 4);
+                            co_return std::error_code{};
+                        },
+                        {.datagrams = true});
+    h.node->add_handler(
+        "fails",
+        [](const net::call_context&, byte_view, byte_buffer&) -> asio::awaitable<std::error_code> {
+            co_return make_error_code(errc::not_found);
+        },
+        {.datagrams = true});
+    h.node->add_handler("who",
+                        [](const net::call_context& context, byte_view,
+                           byte_buffer& response) -> asio::awaitable<std::error_code> {
+                            response = to_buffer(
+                                as_bytes(context.remote.to_string() + " " + context.method));
+                            const auto key = context.remote_key.view();
+                            response.insert(response.end(), key.begin(), key.end());
+                            co_return std::error_code{};
+                        },
+                        {.datagrams = true});
+}
+
+/// What "who" answers `caller`: its PeerId, the method and its key.
+template <class Node>
+byte_buffer who_answer(const Node& caller) {
+    byte_buffer out = to_buffer(as_bytes(caller.id().to_string() + " who"));
+    const auto key = caller.identity().public_key().view();
+    out.insert(out.end(), key.begin(), key.end());
+    return out;
+}
+
+} // namespace
+
+TEMPLATE_TEST_CASE("a call to a peer whose key is known goes by one datagram each way",
+                   "[net][rpc][datagram]", sim_world, tcp_world) {
+    TestType world;
+    host<TestType> server(world, 1), client(world, 2);
+    add_datagram_methods(server);
+    for (const std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{1000}}) {
+        INFO(TestType::name << " size " << size);
+        const auto outcome =
+            call(world, *client.node, server.keyed_peer(), "echo", random_bytes(size, size));
+        REQUIRE_FALSE(outcome.ec);
+        CHECK(outcome.response == random_bytes(size, size));
+    }
+    CHECK(call(world, *client.node, server.keyed_peer(), "fails", {}).ec == errc::not_found);
+    const auto who = call(world, *client.node, server.keyed_peer(), "who", {});
+    REQUIRE_FALSE(who.ec);
+    CHECK(who.response == who_answer(*client.node));
+    CHECK_FALSE(client.node->key_of(server.node->id()));
+
+    const auto c = client.node->statistics();
+    const auto s = server.node->statistics();
+    CHECK(c.datagram_calls == 5);
+    CHECK(c.datagrams_sent == 5);
+    CHECK(c.datagrams_received == 5);
+    CHECK(s.datagrams_received == 5);
+    CHECK(s.datagrams_sent == 5);
+    CHECK(c.datagram_fallbacks == 0);
+    CHECK(c.datagrams_dropped + s.datagrams_dropped == 0);
+    // No connection, no handshake.
+    CHECK(client.node->connection_count() == 0);
+    CHECK(server.node->connection_count() == 0);
+    CHECK(c.handshakes_completed + s.handshakes_completed == 0);
+}
+
+TEMPLATE_TEST_CASE("calls that a datagram cannot carry go by stream", "[net][rpc][datagram]",
+                   sim_world, tcp_world) {
+    TestType world;
+    host<TestType> server(world, 1), client(world, 2);
+    add_datagram_methods(server);
+    server.node->add_handler("stream_only",
+                             [](const net::call_context&, byte_view request,
+                                byte_buffer& response) -> asio::awaitable<std::error_code> {
+                                 response.assign(request.begin(), request.end());
+                                 co_return std::error_code{};
+                             });
+    INFO(TestType::name);
+    // A request too large is not sent as a datagram at all.
+    const auto large =
+        call(world, *client.node, server.keyed_peer(), "echo", random_bytes(2000, 1));
+    REQUIRE_FALSE(large.ec);
+    CHECK(large.response == random_bytes(2000, 1));
+    CHECK(client.node->statistics().datagrams_sent == 0);
+    // A reply too large, a method not served by datagram and an unknown one: the callee says
+    // so, and the call goes by stream.
+    const auto big = call(world, *client.node, server.keyed_peer(), "big", {});
+    REQUIRE_FALSE(big.ec);
+    CHECK(big.response == random_bytes(4000, 4));
+    const auto plain =
+        call(world, *client.node, server.keyed_peer(), "stream_only", random_bytes(10, 2));
+    REQUIRE_FALSE(plain.ec);
+    CHECK(plain.response == random_bytes(10, 2));
+    CHECK(call(world, *client.node, server.keyed_peer(), "missing", {}).ec == errc::refused);
+    // By stream, the handler sees the key the connection proved.
+    const auto who = call(world, *client.node, server.peer(), "who", {});
+    REQUIRE_FALSE(who.ec);
+    CHECK(who.response == who_answer(*client.node));
+    CHECK(client.node->key_of(server.node->id()) == server.node->identity().public_key());
+    // A key that does not prove the PeerId is not used.
+    auto wrong_key = server.keyed_peer();
+    wrong_key.key = identity_of(9).public_key();
+    CHECK_FALSE(call(world, *client.node, wrong_key, "echo", {}).ec);
+
+    const auto c = client.node->statistics();
+    CHECK(c.datagrams_sent == 3);
+    CHECK(c.datagram_fallbacks == 5);
+    CHECK(c.datagram_calls == 0);
+    CHECK(server.node->statistics().datagrams_sent == 3);
+    CHECK(client.node->connection_count() == 1);
+}
+
+TEST_CASE("unanswered datagrams give way to a stream, and the peer is called by stream for a "
+          "while",
+          "[net][rpc][datagram]") {
+    sim_world world;
+    net::node_options no_datagrams;
+    no_datagrams.datagrams.enabled = false;
+    host<sim_world> server(world, 1, no_datagrams), client(world, 2);
+    add_echo(server);
+    const time_point start = world.now();
+    const auto first = call(world, *client.node, server.keyed_peer(), "echo", random_bytes(5, 5));
+    REQUIRE_FALSE(first.ec);
+    CHECK(first.response == random_bytes(5, 5));
+    // Three requests, 0.25 + 0.5 + 1 s of waiting, then a dial, handshake and call: 3 round
+    // trips of 20 ms.
+    CHECK(world.now() - start == 1750ms + 60ms);
+    auto c = client.node->statistics();
+    CHECK(c.datagrams_sent == 3);
+    CHECK(c.datagram_fallbacks == 1);
+    CHECK(server.node->statistics().datagrams_received == 0);
+
+    // Within the silence period the next call goes by stream at once.
+    const time_point second_start = world.now();
+    CHECK_FALSE(call(world, *client.node, server.keyed_peer(), "echo", {}).ec);
+    CHECK(world.now() - second_start == 20ms);
+    CHECK(client.node->statistics().datagrams_sent == 3);
+    CHECK(client.node->statistics().datagram_fallbacks == 2);
+}
+
+TEST_CASE("a peer that answered datagrams and then stops is found out within a few round "
+          "trips",
+          "[net][rpc][datagram]") {
+    sim_world world;
+    host<sim_world> server(world, 1), client(world, 2);
+    add_datagram_methods(server);
+    REQUIRE_FALSE(call(world, *client.node, server.keyed_peer(), "echo", {}).ec);
+    world.network.crash(server.transport.node());
+    // The first answer timed the round trip (20 ms): the waits are 4, 8 and 16 of them.
+    const time_point start = world.now();
+    CHECK(call(world, *client.node, server.keyed_peer(), "echo", {}).ec == errc::unreachable);
+    CHECK(world.now() - start == 80ms + 160ms + 320ms);
+    CHECK(client.node->statistics().datagrams_sent == 4);
+    // The next call goes by stream, whose dial gives up at the simulated connect timeout.
+    const time_point dial = world.now();
+    CHECK(call(world, *client.node, server.keyed_peer(), "echo", {}).ec);
+    CHECK(world.now() - dial == world.network.config().connect_timeout);
+    CHECK(client.node->statistics().datagrams_sent == 4);
+}
+
+TEST_CASE("datagram calls survive loss by sending again", "[net][rpc][datagram]") {
+    net::sim::network_config lossy;
+    lossy.default_link.loss = 0.2;
+    sim_world world(lossy);
+    host<sim_world> server(world, 1), client(world, 2);
+    add_datagram_methods(server);
+    std::vector<std::shared_ptr<call_outcome>> outcomes;
+    for (std::uint64_t i = 0; i < 200; ++i)
+        outcomes.push_back(
+            start_call(*client.node, server.keyed_peer(), "echo", random_bytes(100, i)));
+    REQUIRE(world.run_until([&] {
+        return std::all_of(outcomes.begin(), outcomes.end(), [](auto& o) { return o->done; });
+    }));
+    // 0.8^2 = 0.64 of the exchanges get through, so many requests were sent again. A call
+    // whose three all failed went by stream if the peer had not answered yet, and failed
+    // as `unreachable` if it had (0.36^3: about 1 in 21).
+    std::uint64_t unreachable = 0;
+    for (std::uint64_t i = 0; i < 200; ++i) {
+        if (outcomes[i]->ec == errc::unreachable) {
+            ++unreachable;
+            continue;
+        }
+        REQUIRE_FALSE(outcomes[i]->ec);
+        CHECK(outcomes[i]->response == random_bytes(100, i));
+    }
+    const auto c = client.node->statistics();
+    CHECK(c.datagrams_sent > 250);
+    CHECK(c.datagram_calls + c.datagram_fallbacks + unreachable == 200);
+    CHECK(unreachable < 20);
+    CHECK(c.datagram_calls > 180);
+}
+
+TEMPLATE_TEST_CASE("datagrams from outside the swarm or forged are dropped", "[net][rpc][datagram]",
+                   sim_world, tcp_world) {
+    TestType world;
+    net::node_options keyed;
+    keyed.security.swarm_key.emplace();
+    keyed.security.swarm_key->fill(std::byte{7});
+    host<TestType> server(world, 1, keyed), member(world, 2, keyed), outsider(world, 3);
+    add_datagram_methods(server);
+    CHECK_FALSE(call(world, *member.node, server.keyed_peer(), "echo", {}).ec);
+    CHECK(member.node->statistics().datagram_calls == 1);
+    // The outsider's requests open nowhere; after its three it tries a stream, whose
+    // handshake fails too.
+    CHECK(call(world, *outsider.node, server.keyed_peer(), "echo", {}).ec ==
+          errc::handshake_failed);
+    CHECK(server.node->statistics().datagrams_dropped == 3);
+    CHECK(outsider.node->statistics().datagrams_sent == 3);
+    CHECK(outsider.node->statistics().datagrams_received == 0);
+}
+
+TEMPLATE_TEST_CASE("a datagram call waiting for its reply ends when the node closes",
+                   "[net][rpc][datagram]", sim_world, tcp_world) {
+    TestType world;
+    host<TestType> server(world, 1), client(world, 2);
+    slow_handler seen;
+    add_slow(server, seen, {.datagrams = true});
+    auto outcome = start_call(*client.node, server.keyed_peer(), "slow", {}, 60s);
+    REQUIRE(world.run_until([&] { return seen.started; }));
+    client.node->close();
+    REQUIRE(world.run_until([&] { return outcome->done; }));
+    CHECK(outcome->ec == errc::connection_closed);
+    // The server's handler ends at the call's timeout; nothing waits on the closed node.
+    server.node->close_now();
+}
+
+TEST_CASE("a thousand concurrent datagram calls past max_serving all end answered, the excess "
+          "by stream",
+          "[net][rpc][datagram]") {
+    sim_world world;
+    net::node_options few;
+    few.datagrams.max_serving = 16;
+    host<sim_world> server(world, 1, few), client(world, 2);
+    int started = 0;
+    add_pause(server, 100ms, started, {.datagrams = true});
+    std::vector<std::shared_ptr<call_outcome>> outcomes;
+    for (std::uint64_t i = 0; i < 1000; ++i)
+        outcomes.push_back(
+            start_call(*client.node, server.keyed_peer(), "pause", random_bytes(8, i), 60s));
+    REQUIRE(world.run_until([&] {
+        return std::all_of(outcomes.begin(), outcomes.end(), [](auto& o) { return o->done; });
+    }));
+    for (std::uint64_t i = 0; i < 1000; ++i) {
+        REQUIRE_FALSE(outcomes[i]->ec);
+        CHECK(outcomes[i]->response == random_bytes(8, i));
+    }
+    // Requests past the 16 in service were answered `by stream`, and went that way.
+    const auto c = client.node->statistics();
+    CHECK(c.datagram_calls >= 16);
+    CHECK(c.datagram_fallbacks > 0);
+    CHECK(c.datagram_calls + c.datagram_fallbacks == 1000);
+    CHECK(server.node->statistics().datagrams_dropped == 0);
 }

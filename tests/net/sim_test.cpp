@@ -1,6 +1,7 @@
 // Tests of the simulated network transport: virtual time, timers, streams over links with
 // latency, bandwidth and loss, backpressure, partitions, crashes, determinism and scale.
 #include "support/bytes.hpp"
+#include "support/errors.hpp"
 
 #include <hivemesh/core/random.hpp>
 #include <hivemesh/net/sim.hpp>
@@ -17,7 +18,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -38,6 +41,9 @@ static_assert(std::is_same_v<sim::transport::endpoint_type, sim::endpoint>);
 static_assert(std::is_nothrow_move_constructible_v<sim::stream>);
 static_assert(std::is_nothrow_move_constructible_v<sim::listener>);
 static_assert(!std::is_copy_constructible_v<sim::stream>);
+static_assert(std::is_same_v<sim::transport::datagram_socket_type, sim::datagram_socket>);
+static_assert(std::is_nothrow_move_constructible_v<sim::datagram_socket>);
+static_assert(!std::is_copy_constructible_v<sim::datagram_socket>);
 
 namespace {
 
@@ -1165,6 +1171,736 @@ TEST_CASE("closing a listener or the network aborts what is pending", "[net][sim
                             [&](std::error_code e, std::size_t) { after = e; });
     time.run();
     CHECK(after == std::error_code(asio::error::network_down));
+}
+
+// ------------------------------------------------------------------------------------
+// Datagrams
+
+namespace {
+
+// How a receive completed: its error, size, sender and instant, and the bytes it kept.
+struct receipt {
+    std::error_code ec;
+    std::size_t size = 0;
+    sim::endpoint from{};
+    time_point at{};
+    hivemesh::byte_buffer bytes;
+};
+
+// Starts one receive into a buffer of `capacity` bytes; `into` is set when it completes.
+void receive_one(sim::datagram_socket& socket, sim::virtual_time& time, std::size_t capacity,
+                 std::optional<receipt>& into) {
+    auto buffer = std::make_shared<hivemesh::byte_buffer>(capacity);
+    auto from = std::make_shared<sim::endpoint>();
+    socket.async_receive_from(
+        asio::buffer(*buffer), *from,
+        [&time, &into, buffer, from](std::error_code ec, std::size_t n) {
+            buffer->resize(n);
+            into.emplace(receipt{
+                .ec = ec, .size = n, .from = *from, .at = time.now(), .bytes = std::move(*buffer)});
+        });
+}
+
+// Receives `count` datagrams one after the other, stopping at an error other than
+// truncation.
+asio::awaitable<void> receive_n(sim::datagram_socket& socket, sim::virtual_time& time, int count,
+                                std::size_t capacity, std::vector<receipt>& into) {
+    for (int i = 0; i < count; ++i) {
+        hivemesh::byte_buffer buffer(capacity);
+        sim::endpoint from;
+        auto [ec, n] =
+            co_await socket.async_receive_from(asio::buffer(buffer), from, tuple_awaitable);
+        buffer.resize(n);
+        into.push_back(receipt{
+            .ec = ec, .size = n, .from = from, .at = time.now(), .bytes = std::move(buffer)});
+        if (ec && ec != asio::error::message_size) co_return;
+    }
+}
+
+// Sends `bytes` and checks that the send succeeded (a dropped datagram still does).
+void send_checked(sim::datagram_socket& socket, const hivemesh::byte_buffer& bytes,
+                  sim::endpoint to) {
+    socket.async_send_to(asio::buffer(bytes), to,
+                         [size = bytes.size()](std::error_code ec, std::size_t n) {
+                             CHECK_FALSE(ec);
+                             CHECK(n == size);
+                         });
+}
+
+// Echoes `count` datagrams to their senders: a template over the transport, as the protocols
+// over datagrams will be.
+template <class Transport>
+asio::awaitable<void> echo_datagrams(typename Transport::datagram_socket_type& socket, int count) {
+    std::array<std::byte, 2048> buffer{};
+    for (int i = 0; i < count; ++i) {
+        typename Transport::endpoint_type from;
+        auto [ec, n] =
+            co_await socket.async_receive_from(asio::buffer(buffer), from, tuple_awaitable);
+        if (ec) co_return;
+        auto [send_error, sent] =
+            co_await socket.async_send_to(asio::buffer(buffer.data(), n), from, tuple_awaitable);
+        CHECK_FALSE(send_error);
+        CHECK(sent == n);
+    }
+}
+
+} // namespace
+
+TEST_CASE("a datagram arrives after latency plus serialisation, from the sender's endpoint",
+          "[net][sim][datagram]") {
+    sim::network_config config;
+    config.default_link = {50ms, 1'000'000, 0.0}; // 1 MB/s: 1 byte per microsecond
+    simulation s(1, config);
+    const auto a = s.net.add_node();
+    const auto b = s.net.add_node();
+    sim::transport ta(s.net, a), tb(s.net, b);
+    auto sa = ta.open_datagram({a, 0});
+    auto sb = tb.open_datagram({b, 7});
+    CHECK(sa.is_open());
+    CHECK(sa.local_endpoint() == sim::endpoint{a, sim::detail::node_state::first_ephemeral_port});
+    CHECK(sb.local_endpoint() == sim::endpoint{b, 7});
+    const std::error_code ok;
+
+    SECTION("one datagram: sent at once, received after serialisation and latency") {
+        const auto payload = random_bytes(10'000, 1);
+        std::optional<receipt> got;
+        receive_one(sb, s.time, 20'000, got);
+        std::optional<std::pair<std::error_code, std::size_t>> sent;
+        std::optional<time_point> sent_at;
+        const auto t = s.time.now();
+        sa.async_send_to(asio::buffer(payload), sb.local_endpoint(),
+                         [&](std::error_code ec, std::size_t n) {
+                             sent.emplace(ec, n);
+                             sent_at = s.time.now();
+                         });
+        CHECK_FALSE(sent); // posted, never inline
+        s.time.run();
+        CHECK(sent == std::pair{ok, std::size_t{10'000}});
+        CHECK(sent_at == t);
+        REQUIRE(got);
+        CHECK(got->ec == ok);
+        CHECK(got->size == 10'000);
+        CHECK(got->from == sa.local_endpoint());
+        CHECK(got->at == t + 10ms + 50ms);
+        CHECK(got->bytes == payload);
+        const auto& stats = s.net.statistics();
+        CHECK(stats.datagrams_sent == 1);
+        CHECK(stats.datagrams_delivered == 1);
+        CHECK(stats.datagrams_dropped == 0);
+        CHECK(stats.segments_sent == 0);
+    }
+
+    SECTION("two datagrams queue on a's uplink, then on b's downlink") {
+        s.net.set_default_link({10ms, 0, 0.0});
+        s.net.set_node_bandwidth(a, 1'000'000, 0); // 10,000 bytes take 10 ms
+        s.net.set_node_bandwidth(b, 0, 500'000);   // and 20 ms
+        const auto first = random_bytes(10'000, 2);
+        const auto second = random_bytes(10'000, 3);
+        std::vector<receipt> got;
+        spawn(s.net.get_executor(), receive_n(sb, s.time, 2, 10'000, got));
+        const auto t = s.time.now();
+        send_checked(sa, first, sb.local_endpoint());
+        send_checked(sa, second, sb.local_endpoint());
+        s.time.run();
+        REQUIRE(got.size() == 2);
+        // The first's bytes reach b from 10 ms on and leave its downlink at 30 ms; the
+        // second's from 20 ms on, after the first's, so at 50 ms.
+        CHECK(got[0].at == t + 30ms);
+        CHECK(got[1].at == t + 50ms);
+        CHECK(got[0].bytes == first);
+        CHECK(got[1].bytes == second);
+        CHECK(got[1].from == sa.local_endpoint());
+    }
+
+    SECTION("a datagram and a stream take turns on the uplink") {
+        s.net.set_default_link({10ms, 0, 0.0});
+        s.net.set_node_bandwidth(a, 1'000'000, 0);
+        auto pair = connect(s, a, b);
+        const auto datagram = random_bytes(10'000, 4);
+        const auto bytes = random_bytes(10'000, 5);
+        std::optional<receipt> got;
+        receive_one(sb, s.time, 10'000, got);
+        hivemesh::byte_buffer read(bytes.size());
+        std::optional<time_point> read_at;
+        asio::async_read(pair.acceptor, asio::buffer(read), [&](std::error_code ec, std::size_t) {
+            CHECK_FALSE(ec);
+            read_at = s.time.now();
+        });
+        const auto t = s.time.now();
+        send_checked(sa, datagram, sb.local_endpoint());
+        asio::async_write(pair.dialer, asio::buffer(bytes),
+                          [](std::error_code ec, std::size_t) { CHECK_FALSE(ec); });
+        s.time.run();
+        REQUIRE(got);
+        CHECK(got->at == t + 10ms + 10ms);
+        CHECK(read_at == t + 20ms + 10ms); // behind the datagram
+        CHECK(read == bytes);
+    }
+}
+
+TEST_CASE("datagrams reach the socket of their node and port, and echoes come back",
+          "[net][sim][datagram]") {
+    simulation s;
+    const auto a = s.net.add_node();
+    const auto b = s.net.add_node();
+    const auto c = s.net.add_node();
+    s.net.set_links_between(a, b, {10ms, 0, 0.0});
+    s.net.set_links_between(a, c, {30ms, 0, 0.0});
+    sim::transport ta(s.net, a), tb(s.net, b), tc(s.net, c);
+    auto sa = ta.open_datagram({a, 5});
+    auto b1 = tb.open_datagram({b, 1});
+    auto b2 = tb.open_datagram({b, 2});
+    auto c1 = tc.open_datagram({c, 1});
+    spawn(s.net.get_executor(), echo_datagrams<sim::transport>(b1, 1));
+    spawn(s.net.get_executor(), echo_datagrams<sim::transport>(c1, 1));
+    std::optional<receipt> at_b2;
+    receive_one(b2, s.time, 64, at_b2);
+    std::vector<receipt> echoes;
+    spawn(s.net.get_executor(), receive_n(sa, s.time, 2, 64, echoes));
+    const auto t = s.time.now();
+    send_checked(sa, hivemesh::test::bytes_of("to c1"), {c, 1});
+    send_checked(sa, hivemesh::test::bytes_of("to b1"), {b, 1});
+    s.time.run();
+    REQUIRE(echoes.size() == 2);
+    CHECK(echoes[0].bytes == hivemesh::test::bytes_of("to b1"));
+    CHECK(echoes[0].from == sim::endpoint{b, 1});
+    CHECK(echoes[0].at == t + 20ms);
+    CHECK(echoes[1].bytes == hivemesh::test::bytes_of("to c1"));
+    CHECK(echoes[1].from == sim::endpoint{c, 1});
+    CHECK(echoes[1].at == t + 60ms);
+    CHECK_FALSE(at_b2); // nothing was sent to b's port 2
+    CHECK(s.net.statistics().datagrams_sent == 4);
+    CHECK(s.net.statistics().datagrams_delivered == 4);
+    b2.close();
+    s.time.run();
+    REQUIRE(at_b2);
+    CHECK(at_b2->ec == asio::error::operation_aborted);
+}
+
+TEST_CASE("datagram ports: port 0, address_in_use, and apart from listening ports",
+          "[net][sim][datagram]") {
+    sim::network_config config;
+    config.default_link = {10ms, 0, 0.0};
+    simulation s(1, config);
+    const auto a = s.net.add_node();
+    const auto b = s.net.add_node();
+    sim::transport ta(s.net, a), tb(s.net, b);
+    constexpr auto first_port = sim::detail::node_state::first_ephemeral_port;
+    using hivemesh::test::thrown_code;
+
+    auto l = tb.listen(0);
+    auto d0 = tb.open_datagram({b, 0});
+    auto d1 = tb.open_datagram({b, 0});
+    CHECK(l.local_endpoint() == sim::endpoint{b, first_port});
+    CHECK(d0.local_endpoint() == sim::endpoint{b, first_port}); // apart from the listener's
+    CHECK(d1.local_endpoint() == sim::endpoint{b, first_port + 1});
+
+    std::error_code ec;
+    auto taken = tb.open_datagram({b, first_port}, ec);
+    CHECK(ec == asio::error::address_in_use);
+    CHECK_FALSE(taken.is_open());
+    CHECK(thrown_code([&] { taken.local_endpoint(); }) == asio::error::bad_descriptor);
+    CHECK(thrown_code([&] { tb.open_datagram({b, first_port}); }) == asio::error::address_in_use);
+    ta.open_datagram({b, 9}, ec);
+    CHECK(ec == std::error_code(EADDRNOTAVAIL, asio::error::get_system_category()));
+    CHECK(ta.datagram_endpoint_for({b, 80}) == sim::endpoint{a, 0}); // for a client's socket
+
+    // A listener and a datagram socket on port 80 both work.
+    auto stream_80 = tb.listen(80);
+    auto datagram_80 = tb.open_datagram({b, 80});
+    std::optional<sim::stream> accepted;
+    stream_80.async_accept([&](std::error_code e, sim::stream st) {
+        CHECK_FALSE(e);
+        accepted.emplace(std::move(st));
+    });
+    ta.async_connect({b, 80}, [](std::error_code e, sim::stream) { CHECK_FALSE(e); });
+    std::optional<receipt> got;
+    receive_one(datagram_80, s.time, 16, got);
+    auto sa = ta.open_datagram({a, 80});
+    send_checked(sa, hivemesh::test::bytes_of("udp"), {b, 80});
+    s.time.run();
+    CHECK(accepted);
+    REQUIRE(got);
+    CHECK(got->bytes == hivemesh::test::bytes_of("udp"));
+    CHECK(got->from == sim::endpoint{a, 80});
+
+    // Closing frees the port; moving keeps it; assigning over an open socket closes it.
+    d0.close();
+    d0.close(); // idempotent
+    CHECK_FALSE(d0.is_open());
+    CHECK(d0.local_endpoint() == sim::endpoint{b, first_port}); // still says where it was
+    auto reopened = tb.open_datagram({b, first_port});
+    CHECK(reopened.is_open());
+    sim::datagram_socket moved(std::move(d1));
+    CHECK_FALSE(d1.is_open()); // NOLINT(bugprone-use-after-move): moved from on purpose
+    CHECK(moved.local_endpoint() == sim::endpoint{b, first_port + 1});
+    moved = std::move(reopened);
+    CHECK(moved.local_endpoint() == sim::endpoint{b, first_port});
+    CHECK_FALSE(thrown_code([&] { tb.open_datagram({b, first_port + 1}); }));
+
+    // A crashed node opens nothing until it restarts.
+    s.net.crash(b);
+    CHECK_FALSE(moved.is_open());
+    CHECK_FALSE(datagram_80.is_open());
+    tb.open_datagram({b, 80}, ec);
+    CHECK(ec == asio::error::network_down);
+    s.net.restart(b);
+    CHECK(tb.open_datagram({b, 80}).is_open());
+}
+
+TEST_CASE("a datagram longer than the receive buffers is truncated with message_size",
+          "[net][sim][datagram]") {
+    simulation s;
+    const auto a = s.net.add_node();
+    const auto b = s.net.add_node();
+    auto sa = s.net.open_datagram(a, 1);
+    auto sb = s.net.open_datagram(b, 2);
+    const std::error_code ok;
+    using hivemesh::test::bytes_of;
+    using result = std::optional<std::pair<std::error_code, std::size_t>>;
+    auto into = [](result& r) {
+        return [&r](std::error_code ec, std::size_t n) { r.emplace(ec, n); };
+    };
+    sim::endpoint from;
+
+    send_checked(sa, bytes_of("0123456789"), sb.local_endpoint());
+    std::array<char, 4> small{};
+    result truncated;
+    sb.async_receive_from(asio::buffer(small), from, into(truncated));
+    s.time.run();
+    CHECK(truncated == std::pair{std::error_code(asio::error::message_size), std::size_t{4}});
+    CHECK(std::string(small.data(), small.size()) == "0123");
+    CHECK(from == sa.local_endpoint());
+
+    // The rest of it is gone: the next receive gets the next datagram, here gathered from
+    // two buffers and scattered into two.
+    const std::array<asio::const_buffer, 2> parts = {asio::buffer("abc", 3),
+                                                     asio::buffer("defgh", 5)};
+    sa.async_send_to(parts, sb.local_endpoint(), [](std::error_code, std::size_t) {});
+    std::array<char, 3> head{};
+    std::array<char, 6> tail{};
+    const std::array<asio::mutable_buffer, 2> scatter = {asio::buffer(head), asio::buffer(tail)};
+    result whole;
+    sb.async_receive_from(scatter, from, into(whole));
+    s.time.run();
+    CHECK(whole == std::pair{ok, std::size_t{8}});
+    CHECK(std::string(head.data(), 3) + std::string(tail.data(), 5) == "abcdefgh");
+
+    // An empty datagram is a datagram; an empty buffer takes a datagram and keeps nothing.
+    result empty;
+    sa.async_send_to(asio::const_buffer(), sb.local_endpoint(), into(empty));
+    result got_empty;
+    sb.async_receive_from(asio::buffer(small), from, into(got_empty));
+    s.time.run();
+    CHECK(empty == std::pair{ok, std::size_t{0}});
+    CHECK(got_empty == std::pair{ok, std::size_t{0}});
+    send_checked(sa, bytes_of("xyz"), sb.local_endpoint());
+    send_checked(sa, bytes_of("next"), sb.local_endpoint());
+    result nothing_kept, next;
+    sb.async_receive_from(asio::mutable_buffer(), from, into(nothing_kept));
+    s.time.run();
+    sb.async_receive_from(asio::buffer(small), from, into(next));
+    s.time.run();
+    CHECK(nothing_kept == std::pair{std::error_code(asio::error::message_size), std::size_t{0}});
+    CHECK(next == std::pair{ok, std::size_t{4}});
+    CHECK(std::string(small.data(), 4) == "next");
+    CHECK(s.net.statistics().datagrams_delivered == 5);
+}
+
+TEST_CASE("a datagram larger than max_datagram_size is refused with message_size",
+          "[net][sim][datagram]") {
+    CHECK(sim::network_config{}.max_datagram_size == 65507);
+    CHECK(sim::network_config{}.datagram_queue_bytes == 256u << 10);
+    asio::io_context io;
+    sim::network_config invalid;
+    invalid.max_datagram_size = 0;
+    CHECK_THROWS_AS(sim::network(io, 1, invalid), std::invalid_argument);
+    invalid.max_datagram_size = (16u << 20) + 1;
+    CHECK_THROWS_AS(sim::network(io, 1, invalid), std::invalid_argument);
+    invalid = {};
+    invalid.datagram_queue_bytes = 0;
+    CHECK_THROWS_AS(sim::network(io, 1, invalid), std::invalid_argument);
+
+    sim::network_config config;
+    config.max_datagram_size = 1000;
+    simulation s(1, config);
+    const auto a = s.net.add_node();
+    const auto b = s.net.add_node();
+    auto sa = s.net.open_datagram(a, 1);
+    auto sb = s.net.open_datagram(b, 1);
+    std::optional<receipt> got;
+    receive_one(sb, s.time, 2000, got);
+    std::optional<std::pair<std::error_code, std::size_t>> too_large, largest;
+    sa.async_send_to(asio::buffer(random_bytes(1001, 6)), sb.local_endpoint(),
+                     [&](std::error_code ec, std::size_t n) { too_large.emplace(ec, n); });
+    CHECK_FALSE(too_large); // posted, never inline
+    sa.async_send_to(asio::buffer(random_bytes(1000, 7)), sb.local_endpoint(),
+                     [&](std::error_code ec, std::size_t n) { largest.emplace(ec, n); });
+    s.time.run();
+    CHECK(too_large == std::pair{std::error_code(asio::error::message_size), std::size_t{0}});
+    CHECK(largest == std::pair{std::error_code(), std::size_t{1000}});
+    REQUIRE(got);
+    CHECK(got->bytes == random_bytes(1000, 7));
+    CHECK(s.net.statistics().datagrams_sent == 1);
+}
+
+namespace {
+
+struct datagram_outcome {
+    std::size_t received = 0;
+    sim::network_statistics stats;
+    std::uint64_t hash = 0;
+};
+
+// Sends `count` datagrams from a to b over `link` and counts those received.
+datagram_outcome send_datagrams(std::uint64_t seed, const sim::link_properties& link, int count) {
+    sim::network_config config;
+    config.default_link = link;
+    simulation s(seed, config);
+    const auto a = s.net.add_node();
+    const auto b = s.net.add_node();
+    auto sa = s.net.open_datagram(a, 1);
+    auto sb = s.net.open_datagram(b, 1);
+    std::vector<receipt> got;
+    spawn(s.net.get_executor(), receive_n(sb, s.time, count, 64, got));
+    for (int i = 0; i < count; ++i)
+        send_checked(sa, random_bytes(32, static_cast<std::uint64_t>(i)), sb.local_endpoint());
+    s.time.run_for(10s);
+    datagram_outcome outcome{got.size(), s.net.statistics(), s.net.trace_hash()};
+    for (const auto& r : got)
+        CHECK(r.ec == std::error_code());
+    sb.close(); // ends receive_n if it still waits
+    s.time.run();
+    return outcome;
+}
+
+} // namespace
+
+TEST_CASE("loss drops datagrams silently, counted, drawn from the seeded source",
+          "[net][sim][datagram]") {
+    const auto all_lost = send_datagrams(1, {10ms, 0, 1.0}, 10);
+    CHECK(all_lost.received == 0);
+    CHECK(all_lost.stats.datagrams_sent == 10);
+    CHECK(all_lost.stats.datagrams_dropped == 10);
+    CHECK(all_lost.stats.datagrams_delivered == 0);
+
+    // One draw per datagram from the network's generator, seeded by the network seed.
+    hivemesh::random_generator draws(7);
+    std::size_t expected_lost = 0;
+    for (int i = 0; i < 1000; ++i)
+        expected_lost += draws.uniform_real() < 0.3 ? 1 : 0;
+    const auto lossy = send_datagrams(7, {10ms, 0, 0.3}, 1000);
+    CHECK(lossy.stats.datagrams_dropped == expected_lost);
+    CHECK(lossy.received == 1000 - expected_lost);
+    CHECK(lossy.stats.datagrams_delivered == lossy.received);
+    CHECK(expected_lost > 250);
+    CHECK(expected_lost < 350);
+    const auto again = send_datagrams(7, {10ms, 0, 0.3}, 1000);
+    CHECK(again.hash == lossy.hash);
+    CHECK(send_datagrams(8, {10ms, 0, 0.3}, 1000).hash != lossy.hash);
+}
+
+TEST_CASE("datagrams across a partition, from or to a crashed node, or to no socket are dropped",
+          "[net][sim][datagram]") {
+    sim::network_config config;
+    config.default_link = {10ms, 0, 0.0};
+    simulation s(1, config);
+    const auto a = s.net.add_node();
+    const auto b = s.net.add_node();
+    auto sa = s.net.open_datagram(a, 1);
+    auto sb = s.net.open_datagram(b, 1);
+    const auto& stats = s.net.statistics();
+    const auto payload = hivemesh::test::bytes_of("payload");
+
+    SECTION("across a partition: dropped, not held until it heals") {
+        std::optional<receipt> got;
+        receive_one(sb, s.time, 64, got);
+        s.net.partition({b});
+        send_checked(sa, payload, sb.local_endpoint());
+        s.time.run();
+        CHECK(stats.datagrams_dropped == 1);
+        s.net.heal();
+        s.time.run_for(10s);
+        CHECK_FALSE(got);
+        // Sent before the partition, arriving during it.
+        send_checked(sa, payload, sb.local_endpoint());
+        s.time.call_after(5ms, [&] { s.net.partition({b}); });
+        s.time.run_for(1s);
+        CHECK(stats.datagrams_dropped == 2);
+        s.net.heal();
+        s.time.run_for(10s);
+        CHECK_FALSE(got);
+        const auto t = s.time.now();
+        send_checked(sa, payload, sb.local_endpoint());
+        s.time.run();
+        REQUIRE(got);
+        CHECK(got->at == t + 10ms);
+        CHECK(stats.datagrams_delivered == 1);
+    }
+
+    SECTION("to a crashed node: its socket closes and what arrives is dropped") {
+        std::optional<receipt> got;
+        receive_one(sb, s.time, 64, got);
+        s.time.run_for(1s);
+        const auto crash_at = s.time.now();
+        s.net.crash(b);
+        CHECK_FALSE(sb.is_open());
+        s.time.run();
+        REQUIRE(got);
+        CHECK(got->ec == asio::error::operation_aborted); // as the node's streams and accepts
+        CHECK(got->at == crash_at);
+        send_checked(sa, payload, {b, 1});
+        s.time.run();
+        CHECK(stats.datagrams_dropped == 1);
+        s.net.restart(b);
+        auto reopened = s.net.open_datagram(b, 1);
+        std::optional<receipt> after;
+        receive_one(reopened, s.time, 64, after);
+        send_checked(sa, payload, {b, 1});
+        s.time.run();
+        REQUIRE(after);
+        CHECK(after->bytes == payload);
+    }
+
+    SECTION("from a node that crashed while the datagram was on its way") {
+        std::optional<receipt> got;
+        receive_one(sb, s.time, 64, got);
+        send_checked(sa, payload, sb.local_endpoint());
+        s.time.call_after(5ms, [&] { s.net.crash(a); });
+        s.time.call_after(6ms, [&] { s.net.restart(a); }); // back before the arrival
+        s.time.run_for(1s);
+        CHECK_FALSE(got);
+        CHECK(stats.datagrams_dropped == 1);
+        CHECK_FALSE(sa.is_open());
+        sb.close();
+        s.time.run();
+    }
+
+    SECTION("to a port without a socket, or to no node") {
+        send_checked(sa, payload, {b, 99});
+        send_checked(sa, payload, {42, 1});
+        s.time.run();
+        CHECK(stats.datagrams_sent == 2);
+        CHECK(stats.datagrams_dropped == 2);
+    }
+
+    SECTION("to a socket destroyed while the datagram is on its way") {
+        auto doomed = std::make_unique<sim::datagram_socket>(s.net.open_datagram(b, 2));
+        std::optional<receipt> got;
+        receive_one(*doomed, s.time, 64, got);
+        send_checked(sa, payload, {b, 2});
+        s.time.call_after(5ms, [&] { doomed.reset(); });
+        s.time.run();
+        REQUIRE(got);
+        CHECK(got->ec == asio::error::operation_aborted);
+        CHECK(stats.datagrams_dropped == 1);
+        CHECK(stats.datagrams_delivered == 0);
+    }
+}
+
+TEST_CASE("a socket whose queue is full drops what arrives", "[net][sim][datagram]") {
+    sim::network_config config;
+    config.default_link = {10ms, 0, 0.0};
+    config.datagram_queue_bytes = 1000;
+    simulation s(1, config);
+    const auto a = s.net.add_node();
+    const auto b = s.net.add_node();
+    auto sa = s.net.open_datagram(a, 1);
+    auto sb = s.net.open_datagram(b, 1);
+    std::vector<hivemesh::byte_buffer> sent;
+    for (std::uint64_t i = 0; i < 5; ++i) {
+        sent.push_back(random_bytes(300, 10 + i));
+        send_checked(sa, sent.back(), sb.local_endpoint());
+    }
+    s.time.run();
+    // 0, 300, 600 and 900 bytes queued are below the limit; 1,200 are not.
+    CHECK(s.net.statistics().datagrams_delivered == 4);
+    CHECK(s.net.statistics().datagrams_dropped == 1);
+    std::vector<receipt> got;
+    spawn(s.net.get_executor(), receive_n(sb, s.time, 5, 300, got));
+    s.time.run();
+    REQUIRE(got.size() == 4);
+    for (std::size_t i = 0; i < 4; ++i)
+        CHECK(got[i].bytes == sent[i]);
+    send_checked(sa, sent[4], sb.local_endpoint()); // room again
+    s.time.run();
+    REQUIRE(got.size() == 5);
+    CHECK(got[4].bytes == sent[4]);
+}
+
+namespace {
+
+asio::awaitable<void> receive_with_deadline(sim::datagram_socket& socket, sim::virtual_time& time,
+                                            time_point start, std::string& later) {
+    using namespace asio::experimental::awaitable_operators;
+    std::array<char, 64> buffer{};
+    sim::endpoint from;
+    sim::timer deadline(co_await asio::this_coro::executor);
+    deadline.expires_after(1s);
+    const auto result =
+        co_await (socket.async_receive_from(asio::buffer(buffer), from, asio::use_awaitable) ||
+                  deadline.async_wait(asio::use_awaitable));
+    CHECK(result.index() == 1);
+    CHECK(time.now() == start + 1s);
+    const auto n =
+        co_await socket.async_receive_from(asio::buffer(buffer), from, asio::use_awaitable);
+    later.assign(buffer.data(), n);
+}
+
+} // namespace
+
+TEST_CASE("close and cancellation abort a pending receive", "[net][sim][datagram]") {
+    sim::network_config config;
+    config.default_link = {10ms, 0, 0.0};
+    simulation s(1, config);
+    const auto a = s.net.add_node();
+    const auto b = s.net.add_node();
+    auto sa = s.net.open_datagram(a, 1);
+    auto sb = s.net.open_datagram(b, 1);
+    using result = std::optional<std::pair<std::error_code, std::size_t>>;
+    auto into = [](result& r) {
+        return [&r](std::error_code ec, std::size_t n) { r.emplace(ec, n); };
+    };
+    const auto aborted = std::pair{std::error_code(asio::error::operation_aborted), std::size_t{0}};
+    const auto closed = std::pair{std::error_code(asio::error::bad_descriptor), std::size_t{0}};
+    std::array<char, 16> buffer{};
+    sim::endpoint from;
+
+    SECTION("close: the pending receive aborts, later operations fail with bad_descriptor") {
+        result pending, second;
+        sb.async_receive_from(asio::buffer(buffer), from, into(pending));
+        sb.async_receive_from(asio::buffer(buffer), from, into(second));
+        s.time.run_for(1s);
+        CHECK_FALSE(pending);
+        CHECK(second == std::pair{std::error_code(asio::error::already_started), std::size_t{0}});
+        sb.close();
+        CHECK_FALSE(sb.is_open());
+        s.time.run();
+        CHECK(pending == aborted);
+        result receive_after, send_after;
+        sb.async_receive_from(asio::buffer(buffer), from, into(receive_after));
+        sb.async_send_to(asio::buffer("x", 1), sa.local_endpoint(), into(send_after));
+        s.time.run();
+        CHECK(receive_after == closed);
+        CHECK(send_after == closed);
+        send_checked(sa, hivemesh::test::bytes_of("late"), {b, 1}); // no socket there now
+        s.time.run();
+        CHECK(s.net.statistics().datagrams_dropped == 1);
+        sim::datagram_socket never_opened(s.net.get_executor());
+        result unopened;
+        never_opened.async_send_to(asio::buffer("x", 1), sa.local_endpoint(), into(unopened));
+        s.time.run();
+        CHECK(unopened == closed);
+    }
+
+    SECTION("close discards the queued datagrams") {
+        send_checked(sa, hivemesh::test::bytes_of("queued"), {b, 1});
+        s.time.run();
+        CHECK(s.net.statistics().datagrams_delivered == 1);
+        sb.close();
+        auto reopened = s.net.open_datagram(b, 1);
+        result got;
+        reopened.async_receive_from(asio::buffer(buffer), from, into(got));
+        s.time.run_for(1s);
+        CHECK_FALSE(got);
+        reopened.close();
+        s.time.run();
+        CHECK(got == aborted);
+    }
+
+    SECTION("a receive cancelled through its slot takes no datagram") {
+        asio::cancellation_signal signal;
+        result cancelled;
+        sb.async_receive_from(asio::buffer(buffer), from,
+                              asio::bind_cancellation_slot(signal.slot(), into(cancelled)));
+        s.time.run_for(1s);
+        CHECK_FALSE(cancelled);
+        signal.emit(asio::cancellation_type::terminal);
+        s.time.run();
+        CHECK(cancelled == aborted);
+        CHECK(sb.is_open());
+        signal.emit(asio::cancellation_type::terminal); // late: does nothing
+        send_checked(sa, hivemesh::test::bytes_of("after"), {b, 1});
+        result got;
+        sb.async_receive_from(asio::buffer(buffer), from, into(got));
+        s.time.run();
+        CHECK(got == std::pair{std::error_code(), std::size_t{5}});
+        CHECK(from == sa.local_endpoint());
+    }
+
+    SECTION("a receive raced against a timer") {
+        const auto start = s.time.now();
+        std::string later;
+        spawn(s.net.get_executor(), receive_with_deadline(sb, s.time, start, later));
+        s.time.call_at(start + 2s, [&] {
+            send_checked(sa, hivemesh::test::bytes_of("late bytes"), {b, 1});
+        });
+        s.time.run();
+        CHECK(later == "late bytes");
+    }
+}
+
+TEST_CASE("destroying the network with datagram sockets open is safe", "[net][sim][datagram]") {
+    asio::io_context io;
+    auto& time = asio::use_service<sim::virtual_time>(io);
+    auto net = std::make_unique<sim::network>(io, 1);
+    const auto a = net->add_node();
+    const auto b = net->add_node();
+    auto sa = net->open_datagram(a, 1);
+    auto sb = net->open_datagram(b, 1);
+    auto queued = net->open_datagram(b, 2);
+    send_checked(sa, hivemesh::test::bytes_of("queued"), {b, 2});
+    time.run();
+    std::optional<receipt> pending;
+    receive_one(sb, time, 64, pending);
+    send_checked(sa, hivemesh::test::bytes_of("in flight"), {b, 1});
+    time.run_for(5ms); // the datagram is half-way
+    net.reset();
+    time.run();
+    REQUIRE(pending);
+    CHECK(pending->ec == asio::error::operation_aborted);
+    CHECK_FALSE(sb.is_open());
+    CHECK_FALSE(queued.is_open());
+    CHECK(sb.local_endpoint() == sim::endpoint{b, 1});
+    using result = std::optional<std::pair<std::error_code, std::size_t>>;
+    result send_after, receive_after;
+    std::array<char, 4> buffer{};
+    sim::endpoint from;
+    sa.async_send_to(asio::buffer("x", 1), sim::endpoint{b, 1},
+                     [&](std::error_code ec, std::size_t n) { send_after.emplace(ec, n); });
+    queued.async_receive_from(asio::buffer(buffer), from, [&](std::error_code ec, std::size_t n) {
+        receive_after.emplace(ec, n);
+    });
+    time.run();
+    const auto down = std::pair{std::error_code(asio::error::network_down), std::size_t{0}};
+    CHECK(send_after == down);
+    CHECK(receive_after == down);
+
+    // A datagram still on its way when everything, io_context included, is destroyed.
+    asio::io_context io2;
+    auto net2 = std::make_unique<sim::network>(io2, 1);
+    const auto c = net2->add_node();
+    auto sc = net2->open_datagram(c, 1);
+    send_checked(sc, hivemesh::test::bytes_of("never"), {c, 1});
+    io2.poll();
+    CHECK(asio::use_service<sim::virtual_time>(io2).pending() == 1);
+    net2.reset();
+}
+
+TEST_CASE("datagram sends and drops are in the trace", "[net][sim][datagram]") {
+    sim::network_config config;
+    config.trace_log_capacity = 2;
+    simulation s(1, config);
+    const auto a = s.net.add_node();
+    const auto b = s.net.add_node();
+    auto sa = s.net.open_datagram(a, 0);
+    send_checked(sa, hivemesh::test::bytes_of("abc"), {b, 99});
+    s.time.run();
+    const auto log = s.net.trace_log();
+    REQUIRE(log.size() == 2);
+    CHECK(log[0] == "0.000000000 datagram_sent 1 0 1 196707"); // port 99 | 3 bytes << 16
+    CHECK(log[1] == "0.010000000 datagram_dropped 1 4 0 0");   // no socket at the port
+    CHECK(s.net.events() == 4);
 }
 
 // ------------------------------------------------------------------------------------

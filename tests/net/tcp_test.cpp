@@ -661,3 +661,87 @@ TEST_CASE("endpoints and addresses convert both ways", "[net][tcp]") {
         CHECK(to_address(*to_endpoint(a)) == a);
     }
 }
+
+TEST_CASE("datagram sockets share the listener's port and exchange datagrams", "[net][tcp]") {
+    asio::io_context io;
+    transport t(io.get_executor());
+    for (const auto& address : {loopback_v4, loopback_v6}) {
+        INFO(address.to_string());
+        auto l = t.listen(tcp::endpoint(address, 0));
+        std::error_code ec;
+        auto served = t.open_datagram(l.local_endpoint(), ec);
+        REQUIRE_FALSE(ec);
+        CHECK(served.local_endpoint() == l.local_endpoint());
+        // A second socket on the same port is refused, as for any UDP port.
+        auto again = t.open_datagram(l.local_endpoint(), ec);
+        CHECK(ec == asio::error::address_in_use);
+        CHECK_FALSE(again.is_open());
+
+        const auto client_local = transport::datagram_endpoint_for(l.local_endpoint());
+        CHECK(client_local.port() == 0);
+        CHECK(client_local.address().is_v6() == address.is_v6());
+        auto client = t.open_datagram(tcp::endpoint(address, 0), ec);
+        REQUIRE_FALSE(ec);
+        CHECK(client.local_endpoint().port() != 0);
+
+        run(io, [&]() -> asio::awaitable<void> {
+            const auto token = asio::experimental::as_tuple(asio::use_awaitable);
+            const std::string hello = "hello over udp";
+            auto [sent_ec, sent] = co_await client.async_send_to(
+                asio::buffer(hello), served.local_endpoint(), token);
+            REQUIRE_FALSE(sent_ec);
+            CHECK(sent == hello.size());
+            std::array<char, 65507> buffer;
+            tcp::endpoint from;
+            auto [ec1, n] = co_await served.async_receive_from(asio::buffer(buffer), from, token);
+            REQUIRE_FALSE(ec1);
+            CHECK(std::string(buffer.data(), n) == hello);
+            CHECK(from == client.local_endpoint());
+            // And back to where it came from, with a buffer that cuts it short.
+            auto [ec2, unused] = co_await served.async_send_to(asio::buffer(hello), from, token);
+            REQUIRE_FALSE(ec2);
+            std::array<char, 5> small;
+            tcp::endpoint back;
+            auto [ec3, m] = co_await client.async_receive_from(asio::buffer(small), back, token);
+            CHECK_FALSE(ec3);
+            CHECK(std::string(small.data(), m) == "hello");
+            CHECK(back == served.local_endpoint());
+        }());
+    }
+}
+
+TEST_CASE("a pending datagram receive ends on close and on cancellation", "[net][tcp]") {
+    asio::io_context io;
+    transport t(io.get_executor());
+    std::error_code ec;
+    auto socket = t.open_datagram(tcp::endpoint(loopback_v4, 0), ec);
+    REQUIRE_FALSE(ec);
+    std::array<char, 16> buffer;
+    tcp::endpoint from;
+    std::error_code received = errc::internal_error;
+    asio::cancellation_signal signal;
+    socket.async_receive_from(asio::buffer(buffer), from,
+                              asio::bind_cancellation_slot(signal.slot(),
+                                                           [&](std::error_code e, std::size_t) {
+                                                               received = e;
+                                                           }));
+    asio::post(io, [&] { signal.emit(asio::cancellation_type::terminal); });
+    io.run_for(watchdog);
+    CHECK(received == asio::error::operation_aborted);
+
+    received = errc::internal_error;
+    socket.async_receive_from(asio::buffer(buffer), from,
+                              [&](std::error_code e, std::size_t) { received = e; });
+    asio::post(io, [&] { socket.close(); });
+    io.restart();
+    io.run_for(watchdog);
+    CHECK(received == asio::error::operation_aborted);
+    CHECK_FALSE(socket.is_open());
+
+    std::error_code sent;
+    socket.async_send_to(asio::buffer(buffer), tcp::endpoint(loopback_v4, 9),
+                         [&](std::error_code e, std::size_t) { sent = e; });
+    io.restart();
+    io.run_for(watchdog);
+    CHECK(sent == asio::error::bad_descriptor);
+}

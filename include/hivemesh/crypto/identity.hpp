@@ -194,6 +194,13 @@ public:
     /// Signs `message` (deterministic Ed25519: the same message gives the same signature).
     HIVEMESH_DECL crypto::signature sign(byte_view message) const;
 
+    /// Writes to `out` the X25519 secret this identity shares with `peer`'s key, both
+    /// Ed25519 keys converted to their X25519 form: the same on both sides, with no message
+    /// exchanged. False, with `out` zeroed, when `peer` is not a valid key or the result
+    /// is degenerate (a low-order point).
+    HIVEMESH_DECL bool key_agreement(const crypto::public_key& peer,
+                                     std::span<unsigned char, 32> out) const;
+
 private:
     HIVEMESH_DECL explicit identity(const unsigned char* seed);
 

@@ -12,6 +12,7 @@
 #include "hivemesh/core/async.hpp"
 #include "hivemesh/core/clock.hpp"
 #include "hivemesh/core/log.hpp"
+#include "hivemesh/crypto/datagram.hpp"
 #include "hivemesh/crypto/identity.hpp"
 #include "hivemesh/net/mux.hpp"
 #include "hivemesh/net/rate_limit.hpp"
@@ -34,6 +35,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -45,8 +48,42 @@ namespace hivemesh::net {
 
 using namespace std::chrono_literals;
 
+/// Unary calls as one sealed datagram each way (crypto/datagram.hpp) instead of a stream on
+/// a secure connection: no connection, handshake or stream to open, so a call to a peer never
+/// met costs one round trip. A call goes this way when its target's key is given
+/// (peer_endpoint::key), the callee serves the method by datagram (handler_options), and
+/// request and reply fit in max_size; otherwise it goes by stream within the same timeout.
+/// A peer that leaves every attempt unanswered is called by stream for silence_period: at
+/// once if it never answered a datagram (UDP may be blocked on the way), else from its next
+/// call, this one failing with `unreachable` (it answered before, so it is most likely down:
+/// found out in a few of its round trips, where a dial would wait for its timeout). A node's
+/// datagrams use UDP on the address and port of its first listener (serve()); a node that
+/// listens nowhere uses an ephemeral port.
+struct datagram_options {
+    /// Off: every call goes by stream and the node opens no datagram socket.
+    bool enabled = true;
+    /// Largest datagram sent or taken, sealing included: 1232 bytes fit any IPv6 path
+    /// (1280-byte MTU) unfragmented. From 128 to 65507.
+    std::size_t max_size = 1232;
+    /// How long to wait for a reply before sending the request again, doubled each time: to
+    /// a peer that answered before, 4 times its smoothed round trip but at least
+    /// min_retry_interval; to one that did not, retry_interval.
+    duration retry_interval = std::chrono::milliseconds(250);
+    duration min_retry_interval = std::chrono::milliseconds(20);
+    /// Requests sent in all; at least 1.
+    unsigned attempts = 3;
+    /// A peer that left `attempts` requests unanswered is called by stream for this long.
+    duration silence_period = std::chrono::minutes(10);
+    /// Datagram calls served at once; further requests are answered `by stream`.
+    std::size_t max_serving = 256;
+    /// See crypto::datagram_options (the swarm key is security's).
+    duration max_clock_skew = std::chrono::seconds(60);
+    std::size_t max_cached_keys = 1024;
+};
+
 struct node_options {
     crypto::secure_options security;
+    datagram_options datagrams;
     mux_options mux;
     /// Connect plus secure handshake, for dialing and for accepting.
     duration dial_timeout = 10s;
@@ -132,6 +169,19 @@ struct node_statistics {
     /// The same for reads held back by node_options::max_download_rate.
     std::uint64_t download_delayed_bytes = 0;
     duration download_delay{};
+    /// Datagrams sent and received (datagram_options), retries and replies included.
+    std::uint64_t datagrams_sent = 0;
+    std::uint64_t datagrams_received = 0;
+    /// Received datagrams dropped: not sealed for us (forged, another swarm, outside the
+    /// clock window), malformed or too large.
+    std::uint64_t datagrams_dropped = 0;
+    /// Calls this node made with the callee's key that a datagram answered, and those that
+    /// went by stream: the request or its answer did not fit, the key did not prove the
+    /// PeerId, the callee does not serve the method by datagram, or within
+    /// datagram_options::silence_period it left every attempt unanswered (a first such call
+    /// to a peer that answered before fails with `unreachable` instead: neither count).
+    std::uint64_t datagram_calls = 0;
+    std::uint64_t datagram_fallbacks = 0;
 };
 
 /// Who to call: the PeerId the connection must prove, and where to dial if needed.
@@ -139,6 +189,9 @@ template <class Endpoint>
 struct peer_endpoint {
     crypto::peer_id id;
     Endpoint endpoint;
+    /// The peer's public key, when known: it lets a unary call go by datagram (see
+    /// datagram_options). Ignored unless it proves `id`.
+    std::optional<crypto::public_key> key = std::nullopt;
 };
 
 /// A unary call's outcome: the error, or the response.
@@ -148,9 +201,18 @@ using call_result = std::pair<std::error_code, byte_buffer>;
 struct call_context {
     crypto::peer_id remote;
     std::string method;
+    crypto::public_key remote_key; ///< the key that proved `remote`
 };
 
 class call_stream;
+
+/// How a unary handler may be called.
+struct handler_options {
+    /// Also answer calls that come by datagram (datagram_options). Only for handlers that a
+    /// repeated request does no harm: a datagram may arrive twice (a retry), or be replayed
+    /// within the datagrams' clock window.
+    bool datagrams = false;
+};
 
 /// `co_return` an error code; on success `response` is the reply.
 using unary_handler = std::function<asio::awaitable<std::error_code>(
@@ -360,9 +422,11 @@ public:
     using listener_type = typename Transport::listener_type;
     using timer_type = typename Transport::timer_type;
     using peer = peer_endpoint<endpoint_type>;
+    using datagram_socket_type = typename Transport::datagram_socket_type;
 
     /// A node of `identity` on `transport`; it serves nothing until serve(). Throws
-    /// std::invalid_argument for a rate cap that is not is_valid_rate_limit.
+    /// std::invalid_argument for a rate cap that is not is_valid_rate_limit or datagram
+    /// options out of their ranges.
     node(Transport& transport, crypto::identity identity, node_options options = {});
     node(const node&) = delete;
     node& operator=(const node&) = delete;
@@ -374,7 +438,9 @@ public:
     /// The options the node was made with.
     const node_options& options() const noexcept { return state_->options; }
 
-    /// Starts accepting on `listener` (from the transport's listen()).
+    /// Starts accepting on `listener` (from the transport's listen()); the first listener's
+    /// endpoint also takes datagrams (datagram_options: when its UDP port cannot be had, the
+    /// node serves no datagrams and logs why).
     /// A failed accept (e.g. out of file descriptors) is retried after a pause that doubles
     /// from 10 ms to 1 s while failures go on (counted in statistics()).
     void serve(listener_type listener);
@@ -385,7 +451,7 @@ public:
 
     /// Registers a handler; a name registered again replaces the old handler.
     /// Throws std::invalid_argument for a malformed method name.
-    void add_handler(const std::string& method, unary_handler handler);
+    void add_handler(const std::string& method, unary_handler handler, handler_options how = {});
     void add_stream_handler(const std::string& method, stream_handler handler);
 
     /// Calls `method` on `target` with `request`, within `timeout`.
@@ -438,6 +504,9 @@ public:
     /// Number of open connections.
     std::size_t connection_count() const;
 
+    /// The public key `peer` proved on an open connection; nullopt with none open.
+    std::optional<crypto::public_key> key_of(const crypto::peer_id& peer) const;
+
     /// Stops listening and starts no call; new calls fail with connection_closed. Idle
     /// connections close at once. The others get a goaway (their peers open nothing more
     /// on them) and close once their calls in flight, both ways, have finished, or after
@@ -466,6 +535,7 @@ public:
 private:
     struct pooled_connection {
         std::shared_ptr<mux_connection> connection;
+        crypto::public_key remote_key; ///< proven by its handshake
         std::uint64_t seen_activity = ~std::uint64_t{0};
         std::uint64_t last_used = 0; ///< use_clock at its last call: its key in by_use
     };
@@ -473,6 +543,24 @@ private:
     struct pending_dial {
         std::vector<std::shared_ptr<wakeup>> waiters;
         std::error_code result;
+    };
+
+    /// A peer called by datagram.
+    struct datagram_peer {
+        duration round_trip{};     ///< smoothed, of answered first attempts; zero: none yet
+        time_point silent_until{}; ///< called by stream until then (transport time)
+    };
+
+    /// A datagram call waiting for its reply.
+    struct datagram_wait {
+        explicit datagram_wait(const asio::any_io_executor& executor, crypto::public_key key)
+            : callee(key)
+            , wake(executor) {}
+        crypto::public_key callee;
+        wakeup wake;
+        bool answered = false;
+        bool by_stream = false; ///< the callee said to call by stream
+        byte_buffer reply;      ///< the reply or status message
     };
 
     /// A listener, and the timer that paces its retries after failed accepts.
@@ -495,7 +583,13 @@ private:
             , tickets(options.resumption_lifetime > duration::zero()
                           ? options.max_resumption_tickets
                           : 0)
-            , sweep_timer(executor) {}
+            , sweep_timer(executor) {
+            if (options.datagrams.enabled)
+                sealer.emplace(identity, crypto::datagram_options{
+                                             .swarm_key = options.security.swarm_key,
+                                             .max_clock_skew = options.datagrams.max_clock_skew,
+                                             .max_cached_keys = options.datagrams.max_cached_keys});
+        }
 
         Transport& transport;
         asio::any_io_executor executor;
@@ -511,7 +605,17 @@ private:
         std::unordered_map<crypto::peer_id, std::shared_ptr<pending_dial>> dials;
         std::map<std::string, unary_handler, std::less<>> unary_handlers;
         std::map<std::string, stream_handler, std::less<>> stream_handlers;
+        std::set<std::string, std::less<>> datagram_methods; ///< handler_options::datagrams
         timer_type sweep_timer;
+        /// Datagrams: none unless enabled; the port is opened by serve() or the first call.
+        std::optional<crypto::datagram_sealer> sealer;
+        std::shared_ptr<datagram_socket_type> datagrams; ///< shared with its receive loop
+        bool datagrams_serving = false;
+        std::uint64_t next_datagram_call = 0;
+        std::unordered_map<std::uint64_t, datagram_wait*> datagram_calls;
+        /// What the node knows of the peers it called by datagram (at most 4096).
+        std::unordered_map<crypto::peer_id, datagram_peer> datagram_peers;
+        std::size_t datagrams_in_service = 0;
         std::uint64_t use_clock = 0;
         /// The pooled connections by last use, oldest first: make_room's eviction order,
         /// kept as they are used rather than found by scanning the pool.
@@ -607,7 +711,47 @@ private:
     static asio::awaitable<std::error_code> guarded(const std::string& method,
                                                     asio::awaitable<std::error_code> work);
 
-    static asio::awaitable<void> serve_call(state_ptr st, mux_stream stream);
+    static asio::awaitable<void> serve_call(state_ptr st, mux_stream stream,
+                                            crypto::public_key remote_key);
+
+    // ---- datagrams (impl/node_datagrams.hpp) ---------------------------------------
+
+    /// Opens the datagram port on `local` and starts its receive loop, replacing the port
+    /// the node had (so a listener's endpoint takes over from an ephemeral port). False,
+    /// logged, if it cannot be opened.
+    static bool open_datagrams(const state_ptr& st, const endpoint_type& local, bool serving);
+
+    /// What the node remembers of `id` (made if new, within the bound).
+    static datagram_peer& datagram_peer_of(const state_ptr& st, const crypto::peer_id& id);
+
+    /// The unary call by datagram: its result, or nullopt when it must go by stream (no
+    /// key, too large, no port, the peer silent or saying so).
+    static asio::awaitable<std::optional<call_result>>
+    datagram_exchange(state_ptr st, const peer& target, const std::string& method,
+                      const byte_buffer& request, duration timeout);
+
+    /// Sends `datagram` to `to` once the upload cap allows it; the send's error, if any.
+    static asio::awaitable<std::error_code>
+    send_datagram(state_ptr st, std::shared_ptr<datagram_socket_type> port, byte_buffer datagram,
+                  endpoint_type to);
+
+    static asio::awaitable<void> receive_datagrams(state_ptr st,
+                                                   std::shared_ptr<datagram_socket_type> port);
+
+    /// Handles one received datagram (opened in place).
+    static void on_datagram(const state_ptr& st, const std::shared_ptr<datagram_socket_type>& port,
+                            std::span<std::byte> datagram, const endpoint_type& from);
+
+    /// Runs the handler of a datagram request and sends its reply.
+    static asio::awaitable<void> serve_datagram(state_ptr st,
+                                                std::shared_ptr<datagram_socket_type> port,
+                                                crypto::public_key caller, endpoint_type from,
+                                                std::uint64_t call, std::string method,
+                                                std::uint32_t timeout_ms, byte_buffer request);
+
+    /// Seals `payload` for `to`; an empty buffer if it cannot be (an invalid key).
+    static byte_buffer seal_datagram(const state_ptr& st, const crypto::public_key& to,
+                                     const byte_buffer& payload);
 
     state_ptr state_;
 };
@@ -621,6 +765,7 @@ private:
 #if !defined(HIVEMESH_SEPARATE_COMPILATION)
 #include "hivemesh/net/impl/node_calls.hpp"
 #include "hivemesh/net/impl/node_connections.hpp"
+#include "hivemesh/net/impl/node_datagrams.hpp"
 #else
 #include "hivemesh/net/tcp.hpp"
 

@@ -106,6 +106,17 @@ private:
     duration delay_{};
 };
 
+/// The monotonic time of `Timer`'s clock, the buckets' time: virtual on the simulated
+/// network (whose clock is made from the executor), steady_clock for Asio's steady_timer.
+template <class Timer>
+duration timer_now(const asio::any_io_executor& executor) {
+    using clock = typename Timer::clock_type;
+    if constexpr (std::is_constructible_v<clock, asio::any_io_executor>)
+        return clock(executor).now().time_since_epoch();
+    else
+        return std::chrono::duration_cast<duration>(clock::now().time_since_epoch());
+}
+
 /// A bucket for a cap of `rate` bytes per second, or none for 0 (no cap).
 inline std::shared_ptr<token_bucket> make_bucket(double rate) {
     if (rate == 0) return nullptr;
@@ -299,15 +310,7 @@ private:
         }
     };
 
-    /// The transport's monotonic time: virtual on the simulated network (whose clock is
-    /// made from the executor), std::chrono::steady_clock for Asio's steady_timer.
-    duration now() {
-        using clock = typename Timer::clock_type;
-        if constexpr (std::is_constructible_v<clock, asio::any_io_executor>)
-            return clock(asio::any_io_executor(stream_.get_executor())).now().time_since_epoch();
-        else
-            return std::chrono::duration_cast<duration>(clock::now().time_since_epoch());
-    }
+    duration now() { return timer_now<Timer>(asio::any_io_executor(stream_.get_executor())); }
 
     Stream stream_;
     std::shared_ptr<token_bucket> upload_;

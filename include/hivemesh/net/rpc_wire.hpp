@@ -8,6 +8,14 @@
 //   data (0):  body                    -- streaming calls only
 //   reply (1): body                    -- the last message, status ok
 //   status (2): u16 errc value | sized string detail -- the last message, an error
+//
+// A unary call may instead travel as one sealed datagram each way (crypto/datagram.hpp,
+// net::datagram_options), whose payload is
+//   u8 datagram kind | u64 call id | message
+// request (0): the call header with its body, as above (a unary call);
+// reply (1): the reply or status message, as above;
+// by_stream (2): no message: the callee does not answer this call by datagram (the
+//   method is not served that way, or the reply does not fit); the caller calls by stream.
 #pragma once
 
 #include "hivemesh/core/binary.hpp"
@@ -126,6 +134,37 @@ inline std::error_code decode_reply(byte_view message, reply_message& out) {
     if (r.finish() || code == 0 || code > static_cast<std::uint16_t>(last_errc))
         return errc::protocol_violation;
     out.status = static_cast<errc>(code);
+    return {};
+}
+
+enum class datagram_kind : std::uint8_t { request = 0, reply = 1, by_stream = 2 };
+
+struct datagram_message {
+    datagram_kind kind = datagram_kind::request;
+    std::uint64_t call = 0;
+    byte_view message; ///< views the payload it was read from; empty for by_stream
+};
+
+inline constexpr std::size_t datagram_message_header_size = 9;
+
+/// Appends the datagram kind and call id; the message follows.
+inline void append_datagram_header(datagram_kind kind, std::uint64_t call, byte_buffer& out) {
+    binary_writer w(out);
+    w.write(static_cast<std::uint8_t>(kind));
+    w.write(call);
+}
+
+/// Errors: protocol_violation for a short payload, an unknown kind, a by_stream with a
+/// message, or a request or reply without one. The message itself is not decoded.
+inline std::error_code decode_datagram_message(byte_view payload, datagram_message& out) {
+    binary_reader r(payload);
+    const auto kind = r.read<std::uint8_t>();
+    out.call = r.read<std::uint64_t>();
+    if (!r.ok() || kind > 2) return errc::protocol_violation;
+    out.kind = static_cast<datagram_kind>(kind);
+    out.message = r.rest();
+    if ((out.kind == datagram_kind::by_stream) != out.message.empty())
+        return errc::protocol_violation;
     return {};
 }
 

@@ -44,6 +44,7 @@
 #include <asio/experimental/parallel_group.hpp>
 #include <asio/ip/address.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/ip/udp.hpp>
 #include <asio/socket_base.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
@@ -177,6 +178,30 @@ public:
 
 private:
     Handler handler_;
+};
+
+/// A datagram receive's completion handler: sets the caller's TCP-typed sender endpoint
+/// from the UDP one and forwards every association to the user's handler.
+template <class Handler>
+class receive_completion {
+public:
+    receive_completion(Handler handler, const asio::ip::udp::endpoint& source,
+                       asio::ip::tcp::endpoint& sender)
+        : handler_(std::move(handler))
+        , source_(&source)
+        , sender_(&sender) {}
+
+    void operator()(std::error_code ec, std::size_t size) {
+        *sender_ = asio::ip::tcp::endpoint(source_->address(), source_->port());
+        std::move(handler_)(ec, size);
+    }
+
+    const Handler& handler() const noexcept { return handler_; }
+
+private:
+    Handler handler_;
+    const asio::ip::udp::endpoint* source_;
+    asio::ip::tcp::endpoint* sender_;
 };
 
 HIVEMESH_DECL asio::awaitable<bool> cancellation_requested();
@@ -348,6 +373,63 @@ private:
     endpoint_type local_;
 };
 
+/// A UDP socket addressed by TCP endpoints: a node's datagrams use the same address and
+/// port number as its listener, so a peer's one endpoint names both. Not thread-safe, like
+/// any Asio object; at most one receive pending at a time.
+class datagram_socket {
+public:
+    using executor_type = asio::any_io_executor;
+    using endpoint_type = asio::ip::tcp::endpoint;
+
+    /// Binds to `local` (port 0: an ephemeral port; see local_endpoint()). On IPv6 sets
+    /// IPV6_V6ONLY, as listener does. Errors in `ec` (address_in_use, ...); the socket is
+    /// then closed.
+    HIVEMESH_DECL datagram_socket(const executor_type& executor, const endpoint_type& local,
+                                  std::error_code& ec);
+
+    executor_type get_executor() noexcept { return socket_.get_executor(); }
+    bool is_open() const noexcept { return socket_.is_open(); }
+    /// The bound endpoint, with the actual port when 0 was asked for.
+    const endpoint_type& local_endpoint() const noexcept { return local_; }
+
+    /// Sends `buffers` as one datagram to `to`.
+    /// Completion: `void(std::error_code, std::size_t)`. Errors are Asio's (message_size
+    /// beyond the kernel's limit, bad_descriptor once closed, network_unreachable, ...); a
+    /// datagram the network loses is no error. Cancellation: as Asio's socket supports.
+    template <class ConstBufferSequence,
+              ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, std::size_t)) Token>
+    auto async_send_to(const ConstBufferSequence& buffers, const endpoint_type& to, Token&& token) {
+        return socket_.async_send_to(buffers, asio::ip::udp::endpoint(to.address(), to.port()),
+                                     std::forward<Token>(token));
+    }
+
+    /// Receives the next datagram into `buffers` and its sender into `sender`, which must
+    /// stay valid until completion. A datagram longer than the buffers is cut short by the
+    /// kernel without an error: give 65,507 bytes to receive any.
+    /// Completion: `void(std::error_code, std::size_t)`. Cancellation: per-operation, any
+    /// type; close() completes it with operation_aborted.
+    template <class MutableBufferSequence,
+              ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, std::size_t)) Token>
+    auto async_receive_from(const MutableBufferSequence& buffers, endpoint_type& sender,
+                            Token&& token) {
+        return asio::async_initiate<Token, void(std::error_code, std::size_t)>(
+            [this](auto handler, const MutableBufferSequence& buffers, endpoint_type* sender) {
+                socket_.async_receive_from(
+                    buffers, source_,
+                    detail::receive_completion(std::move(handler), source_, *sender));
+            },
+            token, buffers, &sender);
+    }
+
+    /// Closes the socket; a pending receive completes with operation_aborted.
+    HIVEMESH_DECL void close() noexcept;
+
+private:
+    asio::ip::udp::socket socket_;
+    endpoint_type local_;
+    asio::ip::udp::endpoint source_; ///< where the pending receive's datagram came from
+};
+
 /// The TCP transport: a factory of listeners and dialled sockets on one executor.
 /// Stateless apart from the executor and the default timeout, so it is thread-safe.
 class transport {
@@ -358,6 +440,7 @@ public:
     using timer_type = asio::steady_timer;
     using clock_type = hivemesh::wall_clock;
     using endpoint_type = asio::ip::tcp::endpoint;
+    using datagram_socket_type = tcp::datagram_socket;
 
     static constexpr hivemesh::duration default_connect_timeout = std::chrono::seconds(10);
 
@@ -393,6 +476,16 @@ public:
     listener_type listen(const endpoint_type& local, std::error_code& ec) const {
         return listener_type(executor_, local, ec);
     }
+    /// A datagram socket bound to `local` (see datagram_socket), errors in `ec`.
+    datagram_socket_type open_datagram(const endpoint_type& local, std::error_code& ec) const {
+        return datagram_socket_type(executor_, local, ec);
+    }
+    /// The endpoint a datagram socket binds to when it must reach `remote` and serves
+    /// nothing: any address of remote's family, an ephemeral port.
+    static endpoint_type datagram_endpoint_for(const endpoint_type& remote) {
+        return endpoint_type(remote.protocol(), 0);
+    }
+
     /// Listens on an ip4 or ip6 address such as "/ip4/0.0.0.0/tcp/0"; its peer id, if any,
     /// is ignored. Throws std::system_error: errc::invalid_argument for dns and sim.
     HIVEMESH_DECL listener_type listen(const peer_address& local) const;
@@ -467,6 +560,16 @@ struct asio::associator<Associator, hivemesh::net::tcp::detail::dial_completion<
                         DefaultCandidate> {
     using type = typename Associator<Handler, DefaultCandidate>::type;
     static type get(const hivemesh::net::tcp::detail::dial_completion<Handler>& h,
+                    const DefaultCandidate& c = DefaultCandidate()) noexcept {
+        return Associator<Handler, DefaultCandidate>::get(h.handler(), c);
+    }
+};
+
+template <template <typename, typename> class Associator, class Handler, class DefaultCandidate>
+struct asio::associator<Associator, hivemesh::net::tcp::detail::receive_completion<Handler>,
+                        DefaultCandidate> {
+    using type = typename Associator<Handler, DefaultCandidate>::type;
+    static type get(const hivemesh::net::tcp::detail::receive_completion<Handler>& h,
                     const DefaultCandidate& c = DefaultCandidate()) noexcept {
         return Associator<Handler, DefaultCandidate>::get(h.handler(), c);
     }

@@ -31,11 +31,17 @@ namespace hivemesh::net {
 ///   - `async_connect(endpoint, token)`, completing with `(error_code, stream_type)` and
 ///     giving up after the transport's own connect timeout;
 ///   - `round_trip_time(stream)`: the connection's round-trip time as far as the transport
-///     knows it, zero if it does not (the multiplexer's windows follow it).
+///     knows it, zero if it does not (the multiplexer's windows follow it);
+///   - `datagram_socket_type`, made by `open_datagram(endpoint, ec)`: a datagram socket with
+///     `async_send_to(buffers, endpoint, token)` and `async_receive_from(buffers, endpoint&,
+///     token)`, both completing with `(error_code, size_t)`, `local_endpoint()`, `is_open()`
+///     and `close()`; `datagram_endpoint_for(remote)`, where a socket that serves nothing
+///     binds to reach `remote`.
 template <class T>
 concept transport = std::copy_constructible<T> &&
     requires(T& t, const typename T::endpoint_type& endpoint, const peer_address& address,
-             typename T::listener_type& listener, typename T::stream_type& stream) {
+             typename T::listener_type& listener, typename T::stream_type& stream,
+             std::error_code& ec) {
     typename T::stream_type;
     typename T::timer_type;
     typename T::clock_type;
@@ -51,6 +57,9 @@ concept transport = std::copy_constructible<T> &&
         t.async_connect(endpoint, asio::experimental::as_tuple(asio::use_awaitable))
         } -> std::same_as<asio::awaitable<std::tuple<std::error_code, typename T::stream_type>>>;
     { T::round_trip_time(stream) } -> std::same_as<hivemesh::duration>;
+    typename T::datagram_socket_type;
+    { t.open_datagram(endpoint, ec) } -> std::same_as<typename T::datagram_socket_type>;
+    { t.datagram_endpoint_for(endpoint) } -> std::same_as<typename T::endpoint_type>;
     requires std::constructible_from<typename T::timer_type, decltype(t.executor())>;
 };
 

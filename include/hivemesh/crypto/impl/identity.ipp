@@ -97,6 +97,21 @@ HIVEMESH_DECL crypto::signature identity::sign(byte_view message) const {
     return crypto::signature(out);
 }
 
+HIVEMESH_DECL bool identity::key_agreement(const crypto::public_key& peer,
+                                           std::span<unsigned char, 32> out) const {
+    require_secret();
+    std::array<unsigned char, crypto_scalarmult_curve25519_BYTES> peer_x;
+    detail::wiped_seed own_x; // the X25519 form of our secret key
+    static_assert(sizeof own_x.bytes == crypto_scalarmult_curve25519_SCALARBYTES);
+    const bool ok =
+        crypto_sign_ed25519_pk_to_curve25519(peer_x.data(), detail::uchars(peer.bytes().data())) ==
+            0 &&
+        crypto_sign_ed25519_sk_to_curve25519(own_x.bytes.data(), secret_->bytes.data()) == 0 &&
+        crypto_scalarmult_curve25519(out.data(), own_x.bytes.data(), peer_x.data()) == 0;
+    if (!ok) sodium_memzero(out.data(), out.size());
+    return ok;
+}
+
 HIVEMESH_DECL identity::identity(const unsigned char* seed)
     : secret_(std::make_unique<detail::ed25519_secret_key>()) {
     crypto::public_key::bytes_type pk;

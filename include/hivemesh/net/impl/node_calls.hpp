@@ -13,9 +13,14 @@ void node<Transport>::check_method(const std::string& method) {
 }
 
 template <transport Transport>
-void node<Transport>::add_handler(const std::string& method, unary_handler handler) {
+void node<Transport>::add_handler(const std::string& method, unary_handler handler,
+                                  handler_options how) {
     check_method(method);
     state_->unary_handlers[method] = std::move(handler);
+    if (how.datagrams)
+        state_->datagram_methods.insert(method);
+    else
+        state_->datagram_methods.erase(method);
 }
 
 template <transport Transport>
@@ -62,6 +67,11 @@ template <transport Transport>
 asio::awaitable<call_result>
 node<Transport>::unary_exchange(state_ptr st, peer target, std::string method, byte_buffer request,
                                 duration timeout) {
+    if (target.key) {
+        if (auto answered = co_await datagram_exchange(st, target, method, request, timeout))
+            co_return std::move(*answered);
+        ++st->statistics.datagram_fallbacks;
+    }
     std::shared_ptr<mux_connection> connection;
     if (auto ec = co_await connect(st, std::move(target), connection))
         co_return call_result{ec, {}};
@@ -109,7 +119,8 @@ asio::awaitable<std::error_code> node<Transport>::guarded(const std::string& met
 }
 
 template <transport Transport>
-asio::awaitable<void> node<Transport>::serve_call(state_ptr st, mux_stream stream) {
+asio::awaitable<void> node<Transport>::serve_call(state_ptr st, mux_stream stream,
+                                                  crypto::public_key remote_key) {
     using namespace asio::experimental::awaitable_operators;
     byte_buffer first;
     // The header mostly comes in the frame that opened the stream: taking it then needs no
@@ -124,7 +135,7 @@ asio::awaitable<void> node<Transport>::serve_call(state_ptr st, mux_stream strea
         stream.reset(errc::protocol_violation);
         co_return;
     }
-    const call_context context{stream.remote(), header.method};
+    const call_context context{stream.remote(), header.method, remote_key};
     const duration limit = std::min<duration>(std::chrono::milliseconds(header.timeout_ms),
                                               st->options.max_handler_time);
     auto watch = stream.watch();

@@ -17,6 +17,14 @@ template <transport Transport>
 node_options node<Transport>::checked(node_options options) {
     if (const auto error = rate_limit_error(options); !error.empty())
         throw std::invalid_argument("hivemesh::net::node_options::" + error);
+    const datagram_options& d = options.datagrams;
+    if (d.max_size < 128 || d.max_size > 65507 || d.attempts == 0 ||
+        d.retry_interval <= duration::zero() || d.min_retry_interval <= duration::zero() ||
+        d.max_serving == 0 || d.max_cached_keys == 0 || d.max_clock_skew <= duration::zero())
+        throw std::invalid_argument(
+            "hivemesh::net::node_options::datagrams: out of range (max_size 128..65507; "
+            "attempts, max_serving, max_cached_keys at least 1; retry intervals and "
+            "max_clock_skew positive)");
     return options;
 }
 
@@ -37,6 +45,8 @@ template <transport Transport>
 void node<Transport>::serve(listener_type listener) {
     auto shared = std::make_shared<listening>(std::move(listener), state_->executor);
     state_->listeners.push_back(shared);
+    if (state_->sealer && !state_->datagrams_serving)
+        open_datagrams(state_, shared->listener.local_endpoint(), true);
     asio::co_spawn(state_->executor, accept_loop(state_, shared), asio::detached);
 }
 
@@ -79,6 +89,13 @@ std::size_t node<Transport>::connection_count() const {
 }
 
 template <transport Transport>
+std::optional<crypto::public_key> node<Transport>::key_of(const crypto::peer_id& peer) const {
+    const auto it = state_->connections.find(peer);
+    if (it == state_->connections.end() || it->second.empty()) return std::nullopt;
+    return it->second.front().remote_key;
+}
+
+template <transport Transport>
 asio::awaitable<std::error_code> node<Transport>::connect(peer target) {
     std::shared_ptr<mux_connection> connection;
     co_return co_await connect(state_, std::move(target), connection);
@@ -94,6 +111,10 @@ void node<Transport>::close() {
         l->retry.cancel();
     }
     st->listeners.clear();
+    if (st->datagrams) st->datagrams->close();
+    st->datagrams.reset();
+    for (auto& [call, wait] : st->datagram_calls)
+        wait->wake.notify(); // unanswered: they end with connection_closed
     for (auto connections = st->connections; auto& [id, list] : connections)
         for (auto& pooled : list) {
             const auto& connection = pooled.connection;
@@ -238,6 +259,7 @@ asio::awaitable<std::error_code> node<Transport>::secure(state_ptr st, stream_ty
     ++st->statistics.handshakes_completed;
     if (stream.resumed()) ++st->statistics.handshakes_resumed;
     const crypto::peer_id remote = stream.remote_id();
+    const crypto::public_key remote_key = stream.remote_key();
     if (at_peer_cap(st, remote)) {
         stream.close();
         ++st->statistics.connections_refused;
@@ -261,17 +283,18 @@ asio::awaitable<std::error_code> node<Transport>::secure(state_ptr st, stream_ty
             std::move(stream)),
         remote, side == crypto::role::dialer, mux);
     if (st->options.max_connections > 0) make_room(st);
-    st->connections[remote].push_back({connection, ~std::uint64_t{0}, ++st->use_clock});
+    st->connections[remote].push_back({connection, remote_key, ~std::uint64_t{0}, ++st->use_clock});
     st->by_use.emplace(st->use_clock, connection.get());
     std::weak_ptr<state> weak = st;
     std::weak_ptr<mux_connection> weak_connection = connection;
     connection->start(
         {},
-        [weak, weak_connection, remote](mux_stream incoming) {
+        [weak, weak_connection, remote, remote_key](mux_stream incoming) {
             if (auto st = weak.lock()) {
                 if (st->options.max_connections > 0)
                     touch(st, remote, weak_connection.lock().get());
-                asio::co_spawn(st->executor, serve_call(st, std::move(incoming)), asio::detached);
+                asio::co_spawn(st->executor, serve_call(st, std::move(incoming), remote_key),
+                               asio::detached);
             }
         },
         [weak, weak_connection, remote](std::error_code) {

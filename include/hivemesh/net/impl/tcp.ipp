@@ -231,6 +231,26 @@ HIVEMESH_DECL void listener::open(const endpoint_type& local, std::error_code& e
     if (ec) close();
 }
 
+HIVEMESH_DECL datagram_socket::datagram_socket(const executor_type& executor,
+                                               const endpoint_type& local, std::error_code& ec)
+    : socket_(executor) {
+    const asio::ip::udp::endpoint bound(local.address(), local.port());
+    ec.clear();
+    socket_.open(bound.protocol(), ec);
+    if (!ec && local.address().is_v6()) socket_.set_option(asio::ip::v6_only(true), ec);
+    if (!ec) socket_.bind(bound, ec);
+    if (!ec) {
+        const auto actual = socket_.local_endpoint(ec);
+        local_ = endpoint_type(actual.address(), actual.port());
+    }
+    if (ec) close();
+}
+
+HIVEMESH_DECL void datagram_socket::close() noexcept {
+    std::error_code ignored;
+    socket_.close(ignored);
+}
+
 HIVEMESH_DECL transport::listener_type transport::listen(const peer_address& local) const {
     const auto endpoint = to_endpoint(local);
     if (!endpoint)

@@ -30,6 +30,12 @@
 //     dial. The receiving end then discards unread bytes and fails every operation with
 //     asio::error::connection_reset.
 //
+// Datagrams (datagram_socket, UDP-like) travel as one segment each, through the same uplink,
+// link and downlink stages and with the same loss draw, but are never sent again: a datagram
+// lost, across a partition, from or to a crashed node, to a port without a datagram socket,
+// or to a socket whose queue holds datagram_queue_bytes or more, is dropped silently.
+// Datagram ports are apart from listening ports, as UDP's are from TCP's.
+//
 // Everything runs on the io_context's single thread, driven by virtual_time's run
 // functions; there is no locking. Destroy the network before its io_context.
 #pragma once
@@ -101,7 +107,11 @@ struct network_config {
     duration connect_timeout = std::chrono::seconds(3);
     duration min_retransmission_timeout = std::chrono::milliseconds(200);
     duration max_retransmission_timeout = std::chrono::seconds(60);
-    std::size_t default_backlog = 128; ///< connections a listener queues before refusing
+    std::size_t default_backlog = 128;     ///< connections a listener queues before refusing
+    std::size_t max_datagram_size = 65507; ///< UDP's limit over IPv4; 1 .. 16 MiB
+    /// Bytes of unread datagrams a datagram socket queues; one arriving while its queue holds
+    /// this much or more is dropped.
+    std::size_t datagram_queue_bytes = std::size_t{256} << 10;
     /// Events kept as text by trace_log() (the most recent ones); 0 keeps none.
     std::size_t trace_log_capacity = 0;
 };
@@ -117,6 +127,10 @@ struct network_statistics {
     std::uint64_t segments_lost = 0;   ///< transmissions lost to random loss
     std::uint64_t segments_held = 0;   ///< arrivals held back by a partition
     std::uint64_t bytes_delivered = 0; ///< bytes that reached the receiving node, in order
+    std::uint64_t datagrams_sent = 0;
+    std::uint64_t datagrams_delivered = 0; ///< put in the queue of the receiving socket
+    /// Lost, across a partition, from or to a crashed node, to no socket, to a full queue.
+    std::uint64_t datagrams_dropped = 0;
 };
 
 /// Kinds of trace events. The numbers in a trace line follow the kind's comment.
@@ -145,6 +159,10 @@ enum class trace_kind : std::uint8_t {
     restart,          ///< node
     partition,        ///< partition-side group-size
     heal,             ///<
+    datagram_sent,    ///< datagram from to port|size<<16
+    /// datagram reason: 1 lost, 2 unreachable (partition, unknown node), 3 sender or receiver
+    /// crashed, 4 no socket at the port, 5 the socket's queue is full
+    datagram_dropped,
 };
 
 inline const char* to_string(trace_kind kind) noexcept {
@@ -197,12 +215,17 @@ inline const char* to_string(trace_kind kind) noexcept {
         return "partition";
     case trace_kind::heal:
         return "heal";
+    case trace_kind::datagram_sent:
+        return "datagram_sent";
+    case trace_kind::datagram_dropped:
+        return "datagram_dropped";
     }
     return "unknown";
 }
 
 class stream;
 class listener;
+class datagram_socket;
 class network;
 
 namespace detail {
@@ -318,7 +341,6 @@ struct network_core;
 struct segment {
     std::uint64_t begin = 0; ///< offsets in the direction's byte stream
     std::uint64_t end = 0;
-    time_point last_byte_arrival{}; ///< of the current transmission, before the downlink
     std::uint32_t attempts = 0;
     bool fin = false; ///< the writer's end of stream follows the last byte
     bool arrived = false;
@@ -389,6 +411,26 @@ struct listener_state {
     std::uint64_t accept_serial = 0;
 };
 
+/// A datagram on its way, or waiting in the queue of the socket it reached.
+struct datagram {
+    std::uint64_t id = 0;
+    endpoint from{};
+    endpoint to{};
+    std::uint64_t sender_crashes = 0; ///< the sender node's crash count when it was sent
+    byte_buffer bytes;
+};
+
+struct datagram_socket_state {
+    std::shared_ptr<network_core> core;
+    node_id node = 0;
+    std::uint16_t port = 0;
+    bool open = true;
+    std::deque<datagram> queue; ///< arrived, not yet received
+    std::size_t queued_bytes = 0;
+    pending_io<asio::mutable_buffer> receive;
+    endpoint* receive_sender = nullptr; ///< the pending receive's `sender`
+};
+
 struct dial_state {
     std::shared_ptr<network_core> core;
     std::uint64_t id = 0;
@@ -405,28 +447,49 @@ struct node_state {
     std::uint64_t download_bandwidth = 0;
     time_point uplink_free_at{};
     time_point downlink_free_at{};
+    std::uint64_t crashes = 0; ///< datagrams sent before a crash are dropped on arrival
     std::uint16_t next_port = first_ephemeral_port;
+    std::uint16_t next_datagram_port = first_ephemeral_port; ///< datagram ports are apart
     // Ordered maps: crash() walks them, and the walk order is part of the trace.
     std::map<std::uint16_t, listener_state*> listeners;
+    std::map<std::uint16_t, datagram_socket_state*> datagram_sockets;
     std::map<std::uint64_t, std::weak_ptr<connection>> connections;
     std::map<std::uint64_t, std::weak_ptr<dial_state>> dials;
 
     static constexpr std::uint16_t first_ephemeral_port = 49152;
 
     /// The next ephemeral port that is not listened on (0 if all are), in a fixed order.
-    std::uint16_t allocate_port() {
+    std::uint16_t allocate_port() { return allocate_from(listeners, next_port); }
+    /// The same for datagram sockets, whose ports are apart.
+    std::uint16_t allocate_datagram_port() {
+        return allocate_from(datagram_sockets, next_datagram_port);
+    }
+
+private:
+    template <class Registry>
+    static std::uint16_t allocate_from(const Registry& taken, std::uint16_t& next) {
         for (std::uint32_t tries = 0; tries < 65536 - first_ephemeral_port; ++tries) {
-            const auto candidate = next_port;
-            next_port = candidate == 65535 ? first_ephemeral_port
-                                           : static_cast<std::uint16_t>(candidate + 1);
-            if (!listeners.contains(candidate)) return candidate;
+            const auto candidate = next;
+            next = candidate == 65535 ? first_ephemeral_port
+                                      : static_cast<std::uint16_t>(candidate + 1);
+            if (!taken.contains(candidate)) return candidate;
         }
         return 0;
     }
 };
 
-/// The shared state behind network, stream, listener and transport. Streams and pending
-/// events keep it alive, so it outlives the network object; `closed` says it is gone.
+/// When the first and the last byte of a transmission have left the sender.
+struct departure {
+    time_point first_byte_out{};
+    time_point last_byte_out{};
+};
+
+/// Why a datagram was dropped (its number in the trace).
+enum class datagram_drop : std::uint8_t { lost = 1, unreachable, crashed, no_socket, queue_full };
+
+/// The shared state behind network, stream, listener, datagram socket and transport. They
+/// and pending events keep it alive, so it outlives the network object; `closed` says it is
+/// gone.
 struct network_core : std::enable_shared_from_this<network_core> {
     network_core(asio::io_context& io, std::uint64_t seed, const network_config& cfg)
         : executor(io.get_executor())
@@ -467,11 +530,21 @@ struct network_core : std::enable_shared_from_this<network_core> {
     void shutdown_end(connection& c, std::size_t side, asio::socket_base::shutdown_type what,
                       std::error_code& ec);
 
+    // --- the stages every transmission (segment or datagram) goes through
+    /// Serialises `size` bytes onto from's uplink, then the from -> to link.
+    departure send_out(node_id from, node_id to, std::uint64_t size);
+    bool draw_loss(const link_properties& path);
+    /// Carries a transmission that left as `out` over the link's latency and, if `to` caps
+    /// its download, its downlink; then calls arrival.arrive(). arrival.wanted() is checked
+    /// before each step.
+    template <class Arrival>
+    void propagate(node_id to, std::uint64_t size, const departure& out, duration latency,
+                   Arrival arrival);
+
     // --- segments
     void pump(connection& c, std::size_t side);
     time_point transmit(connection& c, std::size_t side, segment& s);
     void retransmit(connection& c, std::size_t side, segment& s);
-    void enter_downlink(connection& c, std::size_t side, segment& s);
     void arrive(connection& c, std::size_t side, segment& s);
     void hold(connection& c, std::size_t side, segment& s);
     void park(connection& c, std::size_t side);
@@ -491,6 +564,22 @@ struct network_core : std::enable_shared_from_this<network_core> {
     void finish_dial(dial_state& dial, std::error_code ec, std::shared_ptr<connection> c = {});
     void syn_arrival(const std::shared_ptr<dial_state>& dial);
     void synack_arrival(dial_state& dial, const std::shared_ptr<connection>& c);
+
+    // --- datagrams
+    std::shared_ptr<datagram_socket_state> open_datagram(node_id node, std::uint16_t port,
+                                                         std::error_code& ec);
+    void close_datagram(datagram_socket_state& s);
+    void close_datagram_sockets(node_state& n);
+    /// Why a send of `size` bytes cannot start (nothing if it can).
+    std::error_code refuse_send(const datagram_socket_state& s, std::size_t size) const;
+    void send_datagram(datagram_socket_state& s, byte_buffer bytes, const endpoint& to,
+                       io_completion completion);
+    void deliver_datagram(datagram d);
+    void drop_datagram(std::uint64_t id, datagram_drop reason);
+    std::uint64_t begin_receive(datagram_socket_state& s, const mutable_buffers& buffers,
+                                endpoint* sender, io_completion completion);
+    void service_receive(datagram_socket_state& s);
+    void cancel_receive(datagram_socket_state& s, std::uint64_t serial);
 
     // --- faults
     void crash(node_id node);
@@ -512,12 +601,29 @@ struct network_core : std::enable_shared_from_this<network_core> {
     std::vector<std::pair<std::weak_ptr<connection>, std::size_t>> held_resets;
     std::uint64_t next_connection_id = 1;
     std::uint64_t next_dial_id = 1;
+    std::uint64_t next_datagram_id = 1;
     std::uint64_t next_serial = 1;
     std::uint64_t next_side = 1;
     bool closed = false;
     std::uint64_t trace_hash = 0;
     network_statistics stats;
     std::deque<std::string> trace_lines;
+};
+
+// What propagate() delivers. A segment is no longer wanted once its connection is aborted.
+struct arriving_segment {
+    std::shared_ptr<connection> conn;
+    std::size_t side;
+    segment* seg;
+    bool wanted() const { return !conn->core->closed && !conn->aborted; }
+    void arrive() { conn->core->arrive(*conn, side, *seg); }
+};
+
+struct arriving_datagram {
+    std::shared_ptr<network_core> core;
+    datagram d;
+    bool wanted() const { return !core->closed; }
+    void arrive() { core->deliver_datagram(std::move(d)); }
 };
 
 // Cancellation handlers hold only weak references and serial numbers, so a signal emitted
@@ -547,6 +653,18 @@ struct accept_cancellation {
         if (auto l = state.lock()) l->core->cancel_accept(*l, serial);
     }
     std::weak_ptr<listener_state> state;
+    std::uint64_t serial;
+};
+
+struct receive_cancellation {
+    receive_cancellation(std::weak_ptr<datagram_socket_state> s, std::uint64_t n)
+        : state(std::move(s))
+        , serial(n) {}
+    void operator()(asio::cancellation_type_t type) {
+        if (type == asio::cancellation_type::none) return;
+        if (auto s = state.lock()) s->core->cancel_receive(*s, serial);
+    }
+    std::weak_ptr<datagram_socket_state> state;
     std::uint64_t serial;
 };
 
@@ -812,6 +930,128 @@ private:
     std::shared_ptr<detail::listener_state> state_;
 };
 
+/// A UDP-like socket bound to one port of one node (see the top of this file for how
+/// datagrams travel). Closing it (or destroying it, or its node crashing) frees the port and
+/// discards the datagrams it queued; datagrams on their way to it are then dropped on
+/// arrival. Movable, not copyable.
+class datagram_socket {
+public:
+    using executor_type = asio::any_io_executor;
+    using endpoint_type = sim::endpoint;
+
+    /// A closed socket (operations fail with bad_descriptor).
+    explicit datagram_socket(const executor_type& executor)
+        : executor_(executor) {}
+
+    datagram_socket(datagram_socket&& other) noexcept
+        : executor_(other.executor_)
+        , state_(std::move(other.state_)) {}
+
+    datagram_socket& operator=(datagram_socket&& other) noexcept {
+        if (this != &other) {
+            close();
+            executor_ = other.executor_;
+            state_ = std::move(other.state_);
+        }
+        return *this;
+    }
+
+    datagram_socket(const datagram_socket&) = delete;
+    datagram_socket& operator=(const datagram_socket&) = delete;
+
+    ~datagram_socket() { close(); }
+
+    executor_type get_executor() const noexcept { return executor_; }
+    bool is_open() const noexcept { return state_ && state_->open && !state_->core->closed; }
+
+    /// The node and port it is bound to (also after close()). Throws std::system_error
+    /// (asio::error::bad_descriptor) for a socket that never opened.
+    endpoint local_endpoint() const {
+        if (!state_)
+            throw std::system_error(asio::error::bad_descriptor,
+                                    "hivemesh::net::sim::datagram_socket");
+        return {state_->node, state_->port};
+    }
+
+    /// Frees the port and discards the queued datagrams; a pending receive completes with
+    /// operation_aborted. Never fails.
+    void close() noexcept {
+        if (state_ && !state_->core->closed) state_->core->close_datagram(*state_);
+    }
+
+    /// Sends `buffers` (all of them) as one datagram to `to`. Completes at once (posted,
+    /// never inline) with the datagram handed to the sender's uplink. Completion:
+    /// void(std::error_code, std::size_t bytes). Errors: message_size when larger than
+    /// config().max_datagram_size; bad_descriptor on a closed socket; network_down when the
+    /// network is gone. A datagram that is lost or dropped on its way still completes
+    /// without error, as with UDP. Cancellation: none is needed, nothing waits.
+    template <class ConstBufferSequence,
+              ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, std::size_t))
+                  SendToken = asio::default_completion_token_t<executor_type>>
+    auto async_send_to(const ConstBufferSequence& buffers, const endpoint& to,
+                       SendToken&& token = asio::default_completion_token_t<executor_type>()) {
+        return asio::async_initiate<SendToken, void(std::error_code, std::size_t)>(
+            [this](auto&& handler, const ConstBufferSequence& data, const endpoint& destination) {
+                detail::io_completion completion(std::forward<decltype(handler)>(handler),
+                                                 executor_);
+                const auto size = asio::buffer_size(data);
+                const auto refused = state_ ? state_->core->refuse_send(*state_, size)
+                                            : std::error_code(asio::error::bad_descriptor);
+                if (refused) {
+                    completion.post(refused, 0);
+                    return;
+                }
+                byte_buffer bytes(size);
+                asio::buffer_copy(asio::buffer(bytes), data);
+                state_->core->send_datagram(*state_, std::move(bytes), destination,
+                                            std::move(completion));
+            },
+            token, buffers, to);
+    }
+
+    /// Receives the next datagram into `buffers` (the first 16 non-empty ones) and sets
+    /// `sender` to where it came from. Completion: void(std::error_code, std::size_t). A
+    /// datagram longer than the buffers is truncated: the bytes that fit are copied and it
+    /// completes with message_size and their count (empty buffers take a datagram and keep
+    /// nothing of it). Errors: operation_aborted when cancelled, closed meanwhile or when
+    /// the node crashes; bad_descriptor on a closed socket; network_down when the network
+    /// is gone; already_started if a receive is pending. Cancellation: the handler's slot,
+    /// any type; a cancelled receive took no datagram.
+    template <class MutableBufferSequence,
+              ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, std::size_t))
+                  ReceiveToken = asio::default_completion_token_t<executor_type>>
+    auto
+    async_receive_from(const MutableBufferSequence& buffers, endpoint& sender,
+                       ReceiveToken&& token = asio::default_completion_token_t<executor_type>()) {
+        return asio::async_initiate<ReceiveToken, void(std::error_code, std::size_t)>(
+            [this](auto&& handler, const detail::mutable_buffers& into, endpoint* from) {
+                auto slot = asio::get_associated_cancellation_slot(handler);
+                detail::io_completion completion(std::forward<decltype(handler)>(handler),
+                                                 executor_);
+                if (!state_) {
+                    completion.post(asio::error::bad_descriptor, 0);
+                    return;
+                }
+                const auto serial =
+                    state_->core->begin_receive(*state_, into, from, std::move(completion));
+                if (serial != 0 && slot.is_connected())
+                    slot.template emplace<detail::receive_cancellation>(state_, serial);
+            },
+            token, detail::mutable_buffers::from(buffers), &sender);
+    }
+
+private:
+    friend class network;
+
+    datagram_socket(const executor_type& executor,
+                    std::shared_ptr<detail::datagram_socket_state> state)
+        : executor_(executor)
+        , state_(std::move(state)) {}
+
+    executor_type executor_;
+    std::shared_ptr<detail::datagram_socket_state> state_;
+};
+
 /// A simulated network of nodes on the virtual time of one io_context (see the top of this
 /// file for the model). Deterministic: the same seed and the same sequence of calls give the
 /// same trace_hash(). Single-threaded; destroy it before its io_context.
@@ -823,8 +1063,8 @@ public:
         core_->trace_hash = seed;
     }
 
-    /// Pending operations of every stream, listener and dial complete with operation_aborted;
-    /// later operations fail with network_down.
+    /// Pending operations of every stream, listener, datagram socket and dial complete with
+    /// operation_aborted; later operations fail with network_down.
     ~network() { core_->close_all(); }
 
     network(const network&) = delete;
@@ -904,6 +1144,25 @@ public:
         return l;
     }
 
+    /// Opens a datagram socket on `port` of `node` (0 picks a free port; datagram ports are
+    /// apart from listening ones). Errors in `ec`: address_in_use (a datagram socket holds the
+    /// port, or none is free), network_down (node crashed or network gone); the socket is
+    /// then closed. Throws std::out_of_range for an unknown node.
+    datagram_socket open_datagram(node_id node, std::uint16_t port, std::error_code& ec) {
+        core_->check_node(node);
+        auto state = core_->open_datagram(node, port, ec);
+        if (ec) return datagram_socket(core_->executor);
+        return datagram_socket(core_->executor, std::move(state));
+    }
+
+    /// As above; throws std::system_error.
+    datagram_socket open_datagram(node_id node, std::uint16_t port) {
+        std::error_code ec;
+        auto s = open_datagram(node, port, ec);
+        if (ec) throw std::system_error(ec, "hivemesh::net::sim::network::open_datagram");
+        return s;
+    }
+
     /// Connects node `from` to `to`, giving up after `timeout` (the SYN-ACK must arrive
     /// before it). Completion: void(std::error_code, stream); on error the stream is not
     /// connected. Errors: connection_refused (nothing listening, or backlog full) after one
@@ -956,9 +1215,11 @@ public:
         return core_->reachable(a, b);
     }
 
-    /// Crashes `node`: its listeners close, its dials and its streams' pending operations
-    /// complete with operation_aborted, its streams close, and the peer of each of its
-    /// connections receives a reset one latency later. Dials to it time out until restart().
+    /// Crashes `node`: its listeners and datagram sockets close, its dials and its streams'
+    /// pending operations complete with operation_aborted, its streams close, and the peer of
+    /// each of its connections receives a reset one latency later. Dials to it time out, and
+    /// datagrams to it are dropped, until restart(); those it sent before the crash are
+    /// dropped too.
     void crash(node_id node) {
         core_->check_node(node);
         core_->crash(node);
@@ -999,6 +1260,12 @@ private:
                 "hivemesh::net::sim: max_segment_size must be within 1 .. 16 MiB");
         if (config.default_backlog == 0)
             throw std::invalid_argument("hivemesh::net::sim: default_backlog must be positive");
+        if (config.max_datagram_size == 0 || config.max_datagram_size > (std::size_t{16} << 20))
+            throw std::invalid_argument(
+                "hivemesh::net::sim: max_datagram_size must be within 1 .. 16 MiB");
+        if (config.datagram_queue_bytes == 0)
+            throw std::invalid_argument(
+                "hivemesh::net::sim: datagram_queue_bytes must be positive");
         if (config.min_retransmission_timeout.count() <= 0 ||
             config.max_retransmission_timeout < config.min_retransmission_timeout)
             throw std::invalid_argument(
@@ -1041,7 +1308,7 @@ inline duration network_core::retransmission_timeout(node_id from, node_id to,
 // Size in bytes / rate in bytes per second, rounded up to whole nanoseconds.
 inline duration serialisation_time(std::uint64_t size, std::uint64_t rate) noexcept {
     if (rate == 0 || size == 0) return duration::zero();
-    // size <= 16 MiB (max_segment_size), so size * 1e9 < 2^54: no overflow.
+    // size <= 16 MiB (max_segment_size, max_datagram_size), so size * 1e9 < 2^54: no overflow.
     return duration{static_cast<duration::rep>((size * 1'000'000'000ULL + rate - 1) / rate)};
 }
 
@@ -1242,6 +1509,60 @@ inline void network_core::shutdown_end(connection& c, std::size_t side,
     }
 }
 
+// ----- stages
+
+// The uplink, then the link (when it has a bandwidth), each first come, first served; the
+// link cannot finish before the uplink.
+inline departure network_core::send_out(node_id from, node_id to, std::uint64_t size) {
+    const auto& path = link(from, to);
+    auto& sender = nodes[from];
+    auto start = time.now();
+    if (sender.upload_bandwidth > 0) start = std::max(start, sender.uplink_free_at);
+    const auto uplink_done = start + serialisation_time(size, sender.upload_bandwidth);
+    if (sender.upload_bandwidth > 0) sender.uplink_free_at = uplink_done;
+    departure out{start, uplink_done};
+    if (path.bandwidth > 0) {
+        auto& link_free = link_free_at[link_key(from, to)];
+        out.first_byte_out = std::max(start, link_free);
+        out.last_byte_out =
+            std::max(uplink_done, out.first_byte_out + serialisation_time(size, path.bandwidth));
+        link_free = out.last_byte_out;
+    }
+    return out;
+}
+
+// Drawn only on lossy links, so that lossless traffic does not shift the sequence.
+inline bool network_core::draw_loss(const link_properties& path) {
+    return path.loss > 0.0 && random.uniform_real() < path.loss;
+}
+
+// The downlink is entered when the first byte arrives, and cannot finish before the last
+// byte arrives: arrival = max(last byte out + latency, downlink start + size / rate).
+template <class Arrival>
+void network_core::propagate(node_id to, std::uint64_t size, const departure& out, duration latency,
+                             Arrival arrival) {
+    const auto last_byte_arrival = out.last_byte_out + latency;
+    if (nodes[to].download_bandwidth == 0) {
+        time.call_at(last_byte_arrival, [arrival = std::move(arrival)]() mutable {
+            if (arrival.wanted()) arrival.arrive();
+        });
+        return;
+    }
+    time.call_at(out.first_byte_out + latency, [core = shared_from_this(), to, size,
+                                                last_byte_arrival,
+                                                arrival = std::move(arrival)]() mutable {
+        if (!arrival.wanted()) return;
+        auto& receiver = core->nodes[to];
+        const auto start = std::max(core->time.now(), receiver.downlink_free_at);
+        const auto done = std::max(last_byte_arrival,
+                                   start + serialisation_time(size, receiver.download_bandwidth));
+        if (receiver.download_bandwidth > 0) receiver.downlink_free_at = done;
+        core->time.call_at(done, [arrival = std::move(arrival)]() mutable {
+            if (arrival.wanted()) arrival.arrive();
+        });
+    });
+}
+
 // ----- segments
 
 // Sends what the direction has unsent, one segment at a time on the uplink.
@@ -1283,69 +1604,29 @@ inline time_point network_core::transmit(connection& c, std::size_t side, segmen
     const auto to = c.ends[other(side)].node;
     const auto& path = link(from, to);
     const auto size = s.end - s.begin;
-    auto& sender = nodes[from];
-    auto start = time.now();
-    if (sender.upload_bandwidth > 0) start = std::max(start, sender.uplink_free_at);
-    const auto uplink_done = start + serialisation_time(size, sender.upload_bandwidth);
-    if (sender.upload_bandwidth > 0) sender.uplink_free_at = uplink_done;
-    auto first_byte_out = start;
-    auto last_byte_out = uplink_done;
-    if (path.bandwidth > 0) {
-        auto& link_free = link_free_at[link_key(from, to)];
-        first_byte_out = std::max(start, link_free);
-        last_byte_out =
-            std::max(uplink_done, first_byte_out + serialisation_time(size, path.bandwidth));
-        link_free = last_byte_out;
-    }
+    const auto out = send_out(from, to, size);
     ++s.attempts;
     ++stats.segments_sent;
     record_segment(trace_kind::segment_sent, c, side, s);
-    // Drawn only on lossy links, so that lossless traffic does not shift the sequence.
-    const bool lost = path.loss > 0.0 && random.uniform_real() < path.loss;
     auto conn = c.shared_from_this();
     segment* seg = &s; // stable: in_flight is a deque changed only at its ends
-    if (lost) {
+    if (draw_loss(path)) {
         ++stats.segments_lost;
         record_segment(trace_kind::segment_lost, c, side, s);
-        time.call_at(last_byte_out + retransmission_timeout(from, to, s.attempts),
+        time.call_at(out.last_byte_out + retransmission_timeout(from, to, s.attempts),
                      [conn, side, seg] {
                          if (conn->core->closed || conn->aborted) return;
                          conn->core->retransmit(*conn, side, *seg);
                      });
     } else {
-        s.last_byte_arrival = last_byte_out + path.latency;
-        if (nodes[to].download_bandwidth > 0) {
-            time.call_at(first_byte_out + path.latency, [conn, side, seg] {
-                if (conn->core->closed || conn->aborted) return;
-                conn->core->enter_downlink(*conn, side, *seg);
-            });
-        } else {
-            time.call_at(s.last_byte_arrival, [conn, side, seg] {
-                if (conn->core->closed || conn->aborted) return;
-                conn->core->arrive(*conn, side, *seg);
-            });
-        }
+        propagate(to, size, out, path.latency, arriving_segment{std::move(conn), side, seg});
     }
-    return last_byte_out;
+    return out.last_byte_out;
 }
 
 inline void network_core::retransmit(connection& c, std::size_t side, segment& s) {
     if (!reachable(c.ends[side].node, c.ends[other(side)].node)) return hold(c, side, s);
     transmit(c, side, s);
-}
-
-// The first byte reached the receiver: queue on its downlink, first come, first served.
-inline void network_core::enter_downlink(connection& c, std::size_t side, segment& s) {
-    auto& receiver = nodes[c.ends[other(side)].node];
-    const auto start = std::max(time.now(), receiver.downlink_free_at);
-    const auto arrival =
-        std::max(s.last_byte_arrival,
-                 start + serialisation_time(s.end - s.begin, receiver.download_bandwidth));
-    if (receiver.download_bandwidth > 0) receiver.downlink_free_at = arrival;
-    time.call_at(arrival, [conn = c.shared_from_this(), side, seg = &s] {
-        if (conn->core->closed || conn->aborted) return;
-        conn->core->arrive(*conn, side, *seg);
-    });
 }
 
 inline void network_core::arrive(connection& c, std::size_t side, segment& s) {
@@ -1635,12 +1916,156 @@ inline void network_core::synack_arrival(dial_state& dial, const std::shared_ptr
     send_reset(*c, 0);
 }
 
+// ----- datagrams
+
+inline std::shared_ptr<datagram_socket_state>
+network_core::open_datagram(node_id node, std::uint16_t port, std::error_code& ec) {
+    auto& n = nodes[node];
+    if (closed || !n.up) {
+        ec = asio::error::network_down;
+        return nullptr;
+    }
+    if (port == 0) {
+        port = n.allocate_datagram_port();
+        if (port == 0) {
+            ec = asio::error::address_in_use;
+            return nullptr;
+        }
+    } else if (n.datagram_sockets.contains(port)) {
+        ec = asio::error::address_in_use;
+        return nullptr;
+    }
+    ec.clear();
+    auto s = std::make_shared<datagram_socket_state>();
+    s->core = shared_from_this();
+    s->node = node;
+    s->port = port;
+    n.datagram_sockets.emplace(port, s.get());
+    return s;
+}
+
+inline void network_core::close_datagram(datagram_socket_state& s) {
+    if (!s.open) return;
+    s.open = false;
+    auto& registry = nodes[s.node].datagram_sockets;
+    if (const auto it = registry.find(s.port); it != registry.end() && it->second == &s)
+        registry.erase(it);
+    s.queue.clear();
+    s.queued_bytes = 0;
+    if (s.receive.completion) {
+        s.receive_sender = nullptr;
+        finish_io(s.receive, asio::error::operation_aborted, 0);
+    }
+}
+
+inline void network_core::close_datagram_sockets(node_state& n) {
+    std::vector<datagram_socket_state*> sockets; // close_datagram() erases from the map
+    for (auto& [port, s] : n.datagram_sockets)
+        sockets.push_back(s);
+    for (auto* s : sockets)
+        close_datagram(*s);
+}
+
+inline std::error_code network_core::refuse_send(const datagram_socket_state& s,
+                                                 std::size_t size) const {
+    if (closed) return asio::error::network_down;
+    if (!s.open) return asio::error::bad_descriptor;
+    if (size > config.max_datagram_size) return asio::error::message_size;
+    return {};
+}
+
+// Requires refuse_send() to have passed. The send completes at once: like UDP's, it does not
+// wait for the uplink, which queues what it is given.
+inline void network_core::send_datagram(datagram_socket_state& s, byte_buffer bytes,
+                                        const endpoint& to, io_completion completion) {
+    const auto size = bytes.size();
+    const auto id = next_datagram_id++;
+    ++stats.datagrams_sent;
+    record(trace_kind::datagram_sent, id, s.node, to.node,
+           to.port | (static_cast<std::uint64_t>(size) << 16));
+    completion.post({}, size);
+    // As pump() does for segments, nothing goes out towards a node it cannot reach.
+    if (to.node >= nodes.size() || !reachable(s.node, to.node))
+        return drop_datagram(id, datagram_drop::unreachable);
+    const auto& path = link(s.node, to.node);
+    const auto out = send_out(s.node, to.node, size);
+    if (draw_loss(path)) return drop_datagram(id, datagram_drop::lost);
+    propagate(
+        to.node, size, out, path.latency,
+        arriving_datagram{shared_from_this(),
+                          {id, {s.node, s.port}, to, nodes[s.node].crashes, std::move(bytes)}});
+}
+
+inline void network_core::deliver_datagram(datagram d) {
+    // A crash stops what its node had in flight, as it does for streams' segments.
+    if (nodes[d.from.node].crashes != d.sender_crashes || !nodes[d.to.node].up)
+        return drop_datagram(d.id, datagram_drop::crashed);
+    if (!reachable(d.from.node, d.to.node)) return drop_datagram(d.id, datagram_drop::unreachable);
+    const auto& sockets = nodes[d.to.node].datagram_sockets;
+    const auto it = sockets.find(d.to.port);
+    if (it == sockets.end()) return drop_datagram(d.id, datagram_drop::no_socket);
+    auto& s = *it->second;
+    if (s.queued_bytes >= config.datagram_queue_bytes)
+        return drop_datagram(d.id, datagram_drop::queue_full);
+    ++stats.datagrams_delivered;
+    s.queued_bytes += d.bytes.size();
+    s.queue.push_back(std::move(d));
+    service_receive(s);
+}
+
+inline void network_core::drop_datagram(std::uint64_t id, datagram_drop reason) {
+    ++stats.datagrams_dropped;
+    record(trace_kind::datagram_dropped, id, static_cast<std::uint64_t>(reason));
+}
+
+inline std::uint64_t network_core::begin_receive(datagram_socket_state& s,
+                                                 const mutable_buffers& buffers, endpoint* sender,
+                                                 io_completion completion) {
+    const std::error_code refused = closed                 ? asio::error::network_down
+                                    : !s.open              ? asio::error::bad_descriptor
+                                    : s.receive.completion ? asio::error::already_started
+                                                           : std::error_code{};
+    if (refused) {
+        completion.post(refused, 0);
+        return 0;
+    }
+    s.receive = {std::move(completion), buffers, next_serial++};
+    s.receive_sender = sender;
+    service_receive(s);
+    return s.receive.completion ? s.receive.serial : 0;
+}
+
+// Completes the pending receive with the first queued datagram, if there is one.
+inline void network_core::service_receive(datagram_socket_state& s) {
+    if (!s.receive.completion || s.queue.empty()) return;
+    const auto d = std::move(s.queue.front());
+    s.queue.pop_front();
+    s.queued_bytes -= d.bytes.size();
+    const auto& into = s.receive.buffers;
+    const auto n = std::min<std::size_t>(d.bytes.size(), into.total);
+    std::size_t copied = 0;
+    for (std::size_t i = 0; copied < n; ++i) {
+        const auto take = std::min(into.items[i].size(), n - copied);
+        std::memcpy(into.items[i].data(), d.bytes.data() + copied, take);
+        copied += take;
+    }
+    *std::exchange(s.receive_sender, nullptr) = d.from;
+    finish_io(s.receive, n < d.bytes.size() ? asio::error::message_size : std::error_code{}, n);
+}
+
+inline void network_core::cancel_receive(datagram_socket_state& s, std::uint64_t serial) {
+    if (closed || !s.receive.completion || s.receive.serial != serial) return;
+    s.receive_sender = nullptr;
+    finish_io(s.receive, asio::error::operation_aborted, 0);
+}
+
 // ----- faults
 
 inline void network_core::crash(node_id node) {
     auto& n = nodes[node];
     if (!n.up) return;
     n.up = false;
+    ++n.crashes;
     record(trace_kind::crash, node);
     auto dials = std::exchange(n.dials, {});
     for (auto& [id, weak] : dials)
@@ -1653,6 +2078,7 @@ inline void network_core::crash(node_id node) {
         listeners.push_back(l);
     for (auto* l : listeners)
         close_listener(*l);
+    close_datagram_sockets(n);
     // Snapshot first: resets and completions must not run into a map being walked.
     std::vector<std::shared_ptr<connection>> connections;
     for (auto& [id, weak] : n.connections)
@@ -1709,6 +2135,7 @@ inline void network_core::close_all() {
             listeners.push_back(l);
         for (auto* l : listeners)
             close_listener(*l);
+        close_datagram_sockets(n);
     }
     closed = true;
     for (auto& n : nodes) {

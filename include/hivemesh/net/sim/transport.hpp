@@ -18,13 +18,14 @@
 
 namespace hivemesh::net::sim {
 
-/// Listens and dials as one node of a simulated network. Cheap to copy; the network must
-/// outlive it.
+/// Listens, dials and opens datagram sockets as one node of a simulated network. Cheap to
+/// copy; the network must outlive it.
 class transport {
 public:
     using executor_type = asio::any_io_executor;
     using stream_type = sim::stream;
     using listener_type = sim::listener;
+    using datagram_socket_type = sim::datagram_socket;
     using timer_type = sim::timer;
     using clock_type = sim::clock;
     using endpoint_type = sim::endpoint;
@@ -82,6 +83,30 @@ public:
             return listener_type(executor());
         }
         return network_->listen(node_, local.port, ec);
+    }
+
+    /// Opens a datagram socket bound to `local`, whose node must be this one (else
+    /// address_not_available, as listen()); port 0 picks a free port. Datagram ports are
+    /// apart from listening ports. Errors: address_in_use (another datagram socket holds the
+    /// port), network_down (node crashed). Throws std::system_error.
+    datagram_socket_type open_datagram(const endpoint_type& local) const {
+        std::error_code ec;
+        auto s = open_datagram(local, ec);
+        if (ec) throw std::system_error(ec, "hivemesh::net::sim::transport::open_datagram");
+        return s;
+    }
+    /// As above, reporting failure in `ec` (the socket is then closed).
+    datagram_socket_type open_datagram(const endpoint_type& local, std::error_code& ec) const {
+        if (local.node != node_) {
+            ec = std::error_code(EADDRNOTAVAIL, asio::error::get_system_category());
+            return datagram_socket_type(executor());
+        }
+        return network_->open_datagram(node_, local.port, ec);
+    }
+    /// Where a datagram socket that serves nothing binds to reach `remote`: this node, an
+    /// ephemeral port (net::transport asks for it).
+    endpoint_type datagram_endpoint_for(const endpoint_type& /*remote*/) const noexcept {
+        return {node_, 0};
     }
 
     /// Connects to `remote`, giving up after `timeout`; see network::async_connect.
