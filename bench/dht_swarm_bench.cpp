@@ -1,8 +1,9 @@
-// DHT swarm benchmark: N hivemesh DHT nodes on loopback TCP (and OpenDHT's DhtRunner nodes
-// side by side when it is installed), bootstrapped to each other, then a fixed number of
-// stores and gets of distinct keys from random nodes with bounded concurrency. Reports store
-// and get latency (p50, p99), operations per second, success rate (a get must return exactly
-// the stored value) and memory per node, as a table and as JSON.
+// DHT swarm benchmark: N hivemesh DHT nodes on loopback (UDP datagrams, TCP for what does not
+// fit one; see net::datagram_options), and OpenDHT's DhtRunner nodes side by side when it is
+// installed, bootstrapped to each other, then a fixed number of stores and gets of distinct
+// keys from random nodes with bounded concurrency. Reports store and get latency (p50, p99),
+// operations per second, success rate (a get must return exactly the stored value) and
+// memory per node, as a table and as JSON.
 //
 // Every row runs in child processes of this program (`--host SYSTEM`), so memory is measured
 // on a fresh process and a system that crashes at some size becomes a row that says so. A
@@ -261,7 +262,7 @@ struct options {
 
 options parse_options(int argc, char** argv) {
     CLI::App app{"DHT swarm benchmark: hivemesh DHT nodes (and OpenDHT's, when built) on "
-                 "loopback TCP; store and get latency, throughput, success and memory.",
+                 "loopback; store and get latency, throughput, success and memory.",
                  "bench_dht_swarm"};
     app.option_defaults()->always_capture_default();
     options o;
@@ -730,7 +731,7 @@ int parent_main(const options& o) {
             print_table({r});
         }
     }
-    std::printf("\nDHT swarm on loopback TCP: %zu stores then %zu gets of distinct %zu-byte "
+    std::printf("\nDHT swarm on loopback: %zu stores then %zu gets of distinct %zu-byte "
                 "values from random nodes, %zu in flight; hivemesh %s, %zu io thread(s)\n",
                 o.ops, o.ops, o.host.value_size, o.host.concurrency,
                 o.host.plaintext ? "plaintext" : "encrypted", o.host.threads);

@@ -513,8 +513,8 @@ TEST_CASE("matchmaking: a declaration is its owner's: forged, overwriting, tombs
 
     // To every node: the attacker's address under the victim's marker, a withdrawal, each
     // unsigned and signed by the attacker, and the victim's own declaration made to last
-    // longer: all refused as invalid. The declaration itself again: outdated wherever it is
-    // held (every node: the swarm is smaller than the replica count).
+    // longer: all refused as invalid. The declaration itself again is the record every node
+    // holds (the swarm is smaller than the replica count): stored again, changing nothing.
     const time_point later = declared.expiration + 1s;
     const dht::record overwrite{
         key, victim, declared_address(d.members[attacker].endpoint), later, {}};
@@ -533,7 +533,7 @@ TEST_CASE("matchmaking: a declaration is its owner's: forged, overwriting, tombs
         CHECK(statuses[i] == std::vector<store_status>{store_status::invalid, store_status::invalid,
                                                        store_status::invalid, store_status::invalid,
                                                        store_status::invalid,
-                                                       store_status::outdated});
+                                                       store_status::stored});
         CHECK(test::held(d, i, key, victim) == declared);
     }
     // Peer 1 still finds the victim and they group.

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "support/bytes.hpp"
+#include "support/identities.hpp"
 #include "support/time.hpp"
 
 #include <cstdint>
@@ -211,15 +212,15 @@ constexpr std::uint32_t u32_max = std::numeric_limits<std::uint32_t>::max();
 } // namespace
 
 TEST_CASE("dht messages: exact bytes of small messages", "[dht]") {
-    CHECK(hex(dht::encode(dht::ping_response{})) == "02 02");
-    CHECK(hex(dht::encode(dht::ping_request{})) == "02 01 00");
+    CHECK(hex(dht::encode(dht::ping_response{})) == "03 02");
+    CHECK(hex(dht::encode(dht::ping_request{})) == "03 01 00");
     CHECK(hex(dht::encode(dht::ping_request{{peer_address::sim(7, 9)}})) ==
-          "02 01 01 03 01 37 09 00 00");
+          "03 01 01 03 01 37 09 00 00");
 
     dht::store_request store;
     store.items.push_back({make_record("k", std::nullopt, "v", 1), true});
     store.items.push_back({make_record("", std::string_view("s"), "", -1, "g"), false});
-    CHECK(hex(dht::encode(store)) == "02 03 00 02 00 00 00 "
+    CHECK(hex(dht::encode(store)) == "03 03 00 02 00 00 00 "
                                      "01 00 00 00 6b 00 01 00 00 00 76 "
                                      "01 00 00 00 00 00 00 00 00 00 00 00 01 "
                                      "00 00 00 00 01 01 00 00 00 73 00 00 00 00 "
@@ -227,22 +228,22 @@ TEST_CASE("dht messages: exact bytes of small messages", "[dht]") {
 
     CHECK(hex(dht::encode(
               dht::store_response{{dht::store_status::stored, dht::store_status::rate_limited}})) ==
-          "02 04 02 00 00 00 00 07");
+          "03 04 02 00 00 00 00 07");
 
     dht::id key(dht::id::bytes_type{0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19,
                                     0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f, 0x20, 0x21, 0x22, 0x23});
     CHECK(hex(dht::encode(dht::find_request{{}, {key}, 5})) ==
-          "02 05 00 01 05 00 00 00 01 00 00 00 "
+          "03 05 00 01 05 00 00 00 01 00 00 00 "
           "10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f 20 21 22 23 00 00 00 00");
 
     dht::find_request carrying{
         {}, {key}, 5, {{make_record("k", std::nullopt, "v", 1), false}}, false};
     CHECK(hex(dht::encode(carrying)) ==
-          "02 05 00 00 05 00 00 00 01 00 00 00 "
+          "03 05 00 00 05 00 00 00 01 00 00 00 "
           "10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f 20 21 22 23 01 00 00 00 "
           "01 00 00 00 6b 00 01 00 00 00 76 01 00 00 00 00 00 00 00 00 00 00 00 00");
     CHECK(hex(dht::encode(dht::find_response{{}, {dht::store_status::outdated}})) ==
-          "02 06 00 00 00 00 01 00 00 00 01");
+          "03 06 00 00 00 00 01 00 00 00 01");
 
     dht::key_entry entry;
     entry.key = bytes_of("k");
@@ -250,9 +251,18 @@ TEST_CASE("dht messages: exact bytes of small messages", "[dht]") {
     dht::find_response found{
         {{entry, {{test_peer(0xAA), peer_address::from_string("/ip4/1.2.3.4/tcp/258")}}}}};
     CHECK(hex(dht::encode(found)) ==
-          "02 06 01 00 00 00 01 01 00 00 00 6b 00 01 00 00 00 01 00 00 00 61 "
-          "01 00 00 00 78 02 00 00 00 00 00 00 00 00 00 00 00 01 00 00 00 " +
+          "03 06 01 00 00 00 01 01 00 00 00 6b 00 01 00 00 00 01 00 00 00 61 "
+          "01 00 00 00 78 02 00 00 00 00 00 00 00 00 00 00 00 01 00 00 00 00 " +
               hex(filled(32, 0xAA)) + " 00 07 31 2e 32 2e 33 2e 34 02 01 00 00 00 00 00");
+    // A peer whose key is known travels as that key, flagged; its PeerId is the key's.
+    const auto peer_key = hivemesh::test::identity_of(5).public_key();
+    const dht::find_response keyed{
+        {{std::nullopt,
+          {{peer_key.id(), peer_address::from_string("/ip4/1.2.3.4/tcp/258"), peer_key}}}}};
+    CHECK(hex(dht::encode(keyed)) ==
+          "03 06 01 00 00 00 00 01 00 00 00 01 " +
+              hex(byte_buffer(peer_key.view().begin(), peer_key.view().end())) +
+              " 00 07 31 2e 32 2e 33 2e 34 02 01 00 00 00 00 00");
 }
 
 TEST_CASE("dht messages: ping round trips", "[dht]") {
@@ -354,6 +364,16 @@ TEST_CASE("dht messages: find response round trips", "[dht]") {
     std::vector<dht::peer_info> peers;
     for (std::size_t i = 0; i < addresses.size(); ++i)
         peers.push_back({test_peer(static_cast<int>(i)), addresses[i]});
+    // Every other one with its key.
+    for (std::size_t i = 0; i < peers.size(); i += 2) {
+        peers[i].key = hivemesh::test::identity_of(static_cast<std::uint8_t>(i + 1)).public_key();
+        peers[i].peer = peers[i].key->id();
+    }
+    // A key that does not prove the PeerId next to it is not encoded.
+    auto mismatched = peers[0];
+    mismatched.peer = test_peer(1);
+    CHECK_THROWS_AS(dht::encode(dht::find_response{{{std::nullopt, {mismatched}}}}),
+                    std::system_error);
 
     dht::key_entry empty_entry; // neither plain nor dictionary: holds nothing, still valid
     dht::key_entry plain;
@@ -430,7 +450,7 @@ TEST_CASE("dht messages: wrong version and wrong type", "[dht]") {
         for (std::size_t other = 0; other < 6; ++other)
             CHECK(results[other] ==
                   (other == type ? std::error_code{} : make_error_code(errc::protocol_violation)));
-        for (const int version : {0, 1, 3, 0xFF}) {
+        for (const int version : {0, 1, 2, 4, 0xFF}) {
             byte_buffer bad = valid[type];
             bad[0] = static_cast<std::byte>(version);
             for (const auto ec : decode_all(bad))
@@ -444,34 +464,34 @@ TEST_CASE("dht messages: wrong version and wrong type", "[dht]") {
         }
     }
     // A lone version byte is judged before the missing type.
-    CHECK(decode_as<dht::ping_request>(raw().u8(1).bytes) == errc::unsupported_version);
-    CHECK(decode_as<dht::ping_request>(raw().u8(2).bytes) == errc::truncated_input);
+    CHECK(decode_as<dht::ping_request>(raw().u8(2).bytes) == errc::unsupported_version);
+    CHECK(decode_as<dht::ping_request>(raw().u8(3).bytes) == errc::truncated_input);
     CHECK(decode_as<dht::ping_request>(byte_buffer{}) == errc::truncated_input);
 }
 
 TEST_CASE("dht messages: counts over a limit are refused before allocation", "[dht]") {
     const dht::message_limits limits;
     // A huge count in a tiny message: over the limit.
-    CHECK(decode_as<dht::store_request>(raw(2, 3).u8(0).u32(u32_max).bytes) ==
+    CHECK(decode_as<dht::store_request>(raw(3, 3).u8(0).u32(u32_max).bytes) ==
           errc::length_limit_exceeded);
-    CHECK(decode_as<dht::store_response>(raw(2, 4).u32(u32_max).bytes) ==
+    CHECK(decode_as<dht::store_response>(raw(3, 4).u32(u32_max).bytes) ==
           errc::length_limit_exceeded);
-    CHECK(decode_as<dht::find_request>(raw(2, 5).u8(0).u8(1).u32(1).u32(u32_max).bytes) ==
+    CHECK(decode_as<dht::find_request>(raw(3, 5).u8(0).u8(1).u32(1).u32(u32_max).bytes) ==
           errc::length_limit_exceeded);
-    CHECK(decode_as<dht::find_request>(raw(2, 5).u8(0).u8(0).u32(1).u32(0).u32(u32_max).bytes) ==
+    CHECK(decode_as<dht::find_request>(raw(3, 5).u8(0).u8(0).u32(1).u32(0).u32(u32_max).bytes) ==
           errc::length_limit_exceeded);
-    CHECK(decode_as<dht::find_response>(raw(2, 6).u32(u32_max).bytes) ==
+    CHECK(decode_as<dht::find_response>(raw(3, 6).u32(u32_max).bytes) ==
           errc::length_limit_exceeded);
-    CHECK(decode_as<dht::find_response>(raw(2, 6).u32(1).u8(0).u32(u32_max).bytes) ==
+    CHECK(decode_as<dht::find_response>(raw(3, 6).u32(1).u8(0).u32(u32_max).bytes) ==
           errc::length_limit_exceeded);
-    CHECK(decode_as<dht::find_response>(raw(2, 6).u32(0).u32(u32_max).bytes) ==
+    CHECK(decode_as<dht::find_response>(raw(3, 6).u32(0).u32(u32_max).bytes) ==
           errc::length_limit_exceeded);
     CHECK(
-        decode_as<dht::find_response>(raw(2, 6).u32(1).u8(1).sized("k").u8(0).u32(u32_max).bytes) ==
+        decode_as<dht::find_response>(raw(3, 6).u32(1).u8(1).sized("k").u8(0).u32(u32_max).bytes) ==
         errc::length_limit_exceeded);
     // Lengths of byte strings.
     CHECK(decode_as<dht::store_request>(
-              raw(2, 3).u8(0).u32(1).u32(u32_max).put(filled(40, 0)).bytes) ==
+              raw(3, 3).u8(0).u32(1).u32(u32_max).put(filled(40, 0)).bytes) ==
           errc::length_limit_exceeded);
 
     // The same counts with limits that allow them: the remaining bytes refuse them, so
@@ -480,31 +500,31 @@ TEST_CASE("dht messages: counts over a limit are refused before allocation", "[d
     unlimited.max_items = unlimited.max_key_size = unlimited.max_subkey_size =
         unlimited.max_value_size = unlimited.max_signature_size = unlimited.max_subkeys =
             unlimited.max_peers = std::numeric_limits<std::size_t>::max();
-    CHECK(decode_as<dht::store_request>(raw(2, 3).u8(0).u32(u32_max).bytes, unlimited) ==
+    CHECK(decode_as<dht::store_request>(raw(3, 3).u8(0).u32(u32_max).bytes, unlimited) ==
           errc::truncated_input);
-    CHECK(decode_as<dht::store_response>(raw(2, 4).u32(u32_max).bytes, unlimited) ==
+    CHECK(decode_as<dht::store_response>(raw(3, 4).u32(u32_max).bytes, unlimited) ==
           errc::truncated_input);
-    CHECK(decode_as<dht::find_request>(raw(2, 5).u8(0).u8(1).u32(1).u32(u32_max).bytes,
+    CHECK(decode_as<dht::find_request>(raw(3, 5).u8(0).u8(1).u32(1).u32(u32_max).bytes,
                                        unlimited) == errc::truncated_input);
-    CHECK(decode_as<dht::find_request>(raw(2, 5).u8(0).u8(0).u32(1).u32(0).u32(u32_max).bytes,
+    CHECK(decode_as<dht::find_request>(raw(3, 5).u8(0).u8(0).u32(1).u32(0).u32(u32_max).bytes,
                                        unlimited) == errc::truncated_input);
-    CHECK(decode_as<dht::find_response>(raw(2, 6).u32(0).u32(u32_max).bytes, unlimited) ==
+    CHECK(decode_as<dht::find_response>(raw(3, 6).u32(0).u32(u32_max).bytes, unlimited) ==
           errc::truncated_input);
-    CHECK(decode_as<dht::find_response>(raw(2, 6).u32(u32_max).bytes, unlimited) ==
+    CHECK(decode_as<dht::find_response>(raw(3, 6).u32(u32_max).bytes, unlimited) ==
           errc::truncated_input);
-    CHECK(decode_as<dht::find_response>(raw(2, 6).u32(1).u8(0).u32(u32_max).bytes, unlimited) ==
+    CHECK(decode_as<dht::find_response>(raw(3, 6).u32(1).u8(0).u32(u32_max).bytes, unlimited) ==
           errc::truncated_input);
-    CHECK(decode_as<dht::find_response>(raw(2, 6).u32(1).u8(1).sized("k").u8(0).u32(u32_max).bytes,
+    CHECK(decode_as<dht::find_response>(raw(3, 6).u32(1).u8(1).sized("k").u8(0).u32(u32_max).bytes,
                                         unlimited) == errc::truncated_input);
     CHECK(
-        decode_as<dht::store_request>(raw(2, 3).u8(0).u32(1).u32(u32_max).put(filled(40, 0)).bytes,
+        decode_as<dht::store_request>(raw(3, 3).u8(0).u32(1).u32(u32_max).put(filled(40, 0)).bytes,
                                       unlimited) == errc::truncated_input);
     // Counts within the default limit that the input cannot hold are truncated too.
     CHECK(decode_as<dht::store_request>(
-              raw(2, 3).u8(0).u32(static_cast<std::uint32_t>(limits.max_items)).bytes) ==
+              raw(3, 3).u8(0).u32(static_cast<std::uint32_t>(limits.max_items)).bytes) ==
           errc::truncated_input);
     CHECK(decode_as<dht::find_response>(
-              raw(2, 6).u32(1).u8(0).u32(static_cast<std::uint32_t>(limits.max_peers)).bytes) ==
+              raw(3, 6).u32(1).u8(0).u32(static_cast<std::uint32_t>(limits.max_peers)).bytes) ==
           errc::truncated_input);
 }
 
@@ -615,7 +635,7 @@ TEST_CASE("dht messages: each limit is enforced by decode and encode", "[dht]") 
 TEST_CASE("dht messages: dictionaries must be sorted, unique, and alone", "[dht]") {
     // find_response with one result holding an entry for key "k" with the given subkeys.
     const auto dictionary = [](std::initializer_list<std::string_view> subkeys, int has_plain = 0) {
-        raw m(2, 6);
+        raw m(3, 6);
         m.u32(1).u8(1).sized("k").u8(has_plain);
         if (has_plain) m.value("p");
         m.u32(static_cast<std::uint32_t>(subkeys.size()));
@@ -652,37 +672,44 @@ TEST_CASE("dht messages: flag bytes must be 0 or 1", "[dht]") {
             flag <= 1 ? std::error_code{} : make_error_code(errc::corrupt_data);
         // sender has_listen
         {
-            raw m(2, 1);
+            raw m(3, 1);
             m.u8(flag);
             if (flag == 1) m.address(0, "10.0.0.1");
             CHECK(decode_as<dht::ping_request>(m.bytes) == expected);
         }
         // store_item has_subkey and in_cache
         {
-            raw m(2, 3);
+            raw m(3, 3);
             m.u8(0).u32(1).sized("k").u8(flag);
             if (flag == 1) m.sized("s");
             m.sized("v").i64(1).sized("").u8(0);
             CHECK(decode_as<dht::store_request>(m.bytes) == expected);
             CHECK(decode_as<dht::store_request>(
-                      raw(2, 3).u8(0).u32(1).sized("k").u8(0).value("v").u8(flag).bytes) ==
+                      raw(3, 3).u8(0).u32(1).sized("k").u8(0).value("v").u8(flag).bytes) ==
                   expected);
         }
         // find_request want_values
-        CHECK(decode_as<dht::find_request>(raw(2, 5).u8(0).u8(flag).u32(1).u32(0).u32(0).bytes) ==
+        CHECK(decode_as<dht::find_request>(raw(3, 5).u8(0).u8(flag).u32(1).u32(0).u32(0).bytes) ==
               expected);
         // find_result has_entry, key_entry has_plain
         {
-            raw m(2, 6);
+            raw m(3, 6);
             m.u32(1).u8(flag);
             if (flag == 1) m.sized("k").u8(0).u32(0);
             m.u32(0).u32(0);
             CHECK(decode_as<dht::find_response>(m.bytes) == expected);
-            raw n(2, 6);
+            raw n(3, 6);
             n.u32(1).u8(1).sized("k").u8(flag);
             if (flag == 1) n.value("v");
             n.u32(0).u32(0).u32(0);
             CHECK(decode_as<dht::find_response>(n.bytes) == expected);
+        }
+        // peer_info has_key
+        {
+            raw m(3, 6);
+            m.u32(1).u8(0).u32(1).u8(flag).put(hivemesh::test::identity_of(4).public_key().view());
+            m.address(0, "10.0.0.1").u32(0);
+            CHECK(decode_as<dht::find_response>(m.bytes) == expected);
         }
     }
 }
@@ -691,13 +718,13 @@ TEST_CASE("dht messages: status bytes above max_store_status are refused", "[dht
     for (int s = 0; s < 256; ++s) {
         INFO("status " << s);
         CHECK(
-            decode_as<dht::store_response>(raw(2, 4).u32(2).u8(0).u8(s).bytes) ==
+            decode_as<dht::store_response>(raw(3, 4).u32(2).u8(0).u8(s).bytes) ==
             (s <= dht::max_store_status ? std::error_code{} : make_error_code(errc::corrupt_data)));
     }
     for (int s = 0; s < 256; ++s) {
         INFO("find status " << s);
         CHECK(
-            decode_as<dht::find_response>(raw(2, 6).u32(0).u32(2).u8(0).u8(s).bytes) ==
+            decode_as<dht::find_response>(raw(3, 6).u32(0).u32(2).u8(0).u8(s).bytes) ==
             (s <= dht::max_store_status ? std::error_code{} : make_error_code(errc::corrupt_data)));
     }
     CHECK_THROWS_AS(dht::encode(dht::store_response{
@@ -710,14 +737,14 @@ TEST_CASE("dht messages: status bytes above max_store_status are refused", "[dht
 
 TEST_CASE("dht messages: addresses are validated and canonical on the wire", "[dht]") {
     const auto ping = [](int proto, std::string_view host, int has_peer = 0) {
-        raw m(2, 1);
+        raw m(3, 1);
         m.u8(1).address(proto, host, 80, has_peer);
         if (has_peer == 1) m.put(test_peer(3).view());
         return decode_as<dht::ping_request>(m.bytes);
     };
     const auto peer = [](int proto, std::string_view host, int has_peer = 0) {
-        raw m(2, 6);
-        m.u32(1).u8(0).u32(1).put(test_peer(4).view()).address(proto, host, 80, has_peer);
+        raw m(3, 6);
+        m.u32(1).u8(0).u32(1).u8(0).put(test_peer(4).view()).address(proto, host, 80, has_peer);
         if (has_peer == 1) m.put(test_peer(3).view());
         m.u32(0); // no statuses
         return decode_as<dht::find_response>(m.bytes);

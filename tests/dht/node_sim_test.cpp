@@ -649,3 +649,55 @@ TEST_CASE("a flood of 10,000 bogus stores is refused with rate_limited past each
     CHECK(victim.dht->statistics().requests_rate_limited == after.requests_rate_limited);
     CHECK(victim.dht->local_storage().bytes_used() <= s.options.storage.max_total_bytes);
 }
+
+TEST_CASE("once the swarm knows its peers' keys, stores and gets go by datagram and open no "
+          "connection",
+          "[dht][sim]") {
+    for (const bool datagrams : {true, false}) {
+        INFO("datagrams " << datagrams);
+        sim_swarm s;
+        s.options.maintenance_period = duration::zero(); // only the operations send requests
+        s.rpc_options.datagrams.enabled = datagrams;
+        build(s, 100);
+        const auto handshakes = [&] {
+            std::uint64_t total = 0;
+            for (const auto& m : s.members)
+                total += m.rpc->statistics().handshakes_completed;
+            return total;
+        };
+        const auto datagram_calls = [&] {
+            std::uint64_t total = 0;
+            for (const auto& m : s.members)
+                total += m.rpc->statistics().datagram_calls;
+            return total;
+        };
+        const auto fallbacks = [&] {
+            std::uint64_t total = 0;
+            for (const auto& m : s.members)
+                total += m.rpc->statistics().datagram_fallbacks;
+            return total;
+        };
+        const auto handshakes_before = handshakes();
+        const auto calls_before = datagram_calls();
+        const auto fallbacks_before = fallbacks();
+        const auto sent_before = requests_sent(s);
+        constexpr std::size_t key_count = 50;
+        CHECK(store_keys(s, key_count, s.world.now() + 4min, 10) == key_count);
+        CHECK(find_keys(s, key_count) == key_count);
+        s.world.settle(); // a lookup that has its answer leaves its slower requests running
+        const auto requests = requests_sent(s) - sent_before;
+        if (datagrams) {
+            // Every contact came with its key (from a connection, a datagram or a find
+            // answer), so every request went by datagram but for the few too large for one
+            // (records a find carries, an answer with a value and 20 peers), which went by
+            // stream over connections the bootstrap left.
+            CHECK(handshakes() == handshakes_before);
+            const auto by_stream = fallbacks() - fallbacks_before;
+            CHECK(datagram_calls() - calls_before + by_stream == requests);
+            CHECK(by_stream * 20 < requests);
+        } else {
+            CHECK(handshakes() > handshakes_before);
+            CHECK(datagram_calls() == 0);
+        }
+    }
+}

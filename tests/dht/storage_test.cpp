@@ -367,7 +367,14 @@ TEST_CASE("re-storing the same value does not grow storage", "[dht][storage]") {
         p2.expiration = d2.expiration = at_seconds(t);
         REQUIRE(s.store(p2, at_seconds(0)) == store_status::stored);
         REQUIRE(s.store(d2, at_seconds(0)) == store_status::stored);
-        REQUIRE(s.store(p2, at_seconds(0)) == store_status::outdated);
+        // The very record again is stored again; an earlier one is outdated.
+        REQUIRE(s.store(p2, at_seconds(0)) == store_status::stored);
+        REQUIRE(s.store(d2, at_seconds(0)) == store_status::stored);
+        record p1 = p2, other = p2;
+        p1.expiration = at_seconds(t - 1);
+        other.value = bytes_of("other");
+        REQUIRE(s.store(p1, at_seconds(0)) == store_status::outdated);
+        REQUIRE(s.store(other, at_seconds(0)) == store_status::outdated);
         REQUIRE(s.bytes_used() == expected);
     }
     CHECK(s.key_count() == 2);
@@ -480,6 +487,8 @@ struct model {
                 next.plain ? next.plain->expiration : std::numeric_limits<std::int64_t>::min();
             for (const auto& [s, v] : next.dictionary)
                 latest = std::max(latest, v.expiration);
+            if (next.plain && next.plain->value == value && next.plain->expiration == expiration)
+                return store_status::stored; // the record held: nothing changes
             if (expiration <= latest) return store_status::outdated;
             next = entry{slot{value, expiration}, {}};
         } else {
@@ -488,6 +497,9 @@ struct model {
                 next.plain.reset();
             }
             const auto found = next.dictionary.find(*subkey);
+            if (found != next.dictionary.end() && found->second.value == value &&
+                found->second.expiration == expiration)
+                return store_status::stored;
             if (found != next.dictionary.end() && expiration <= found->second.expiration)
                 return store_status::outdated;
             if (found == next.dictionary.end() && next.dictionary.size() >= max_subkeys)

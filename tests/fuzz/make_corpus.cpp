@@ -234,12 +234,14 @@ void write_dht_response_corpus(const std::filesystem::path& dir) {
         statuses.statuses.push_back(static_cast<store_status>(s));
     write_file(dir / "store", encode(statuses));
 
-    std::vector<peer_info> peers;
-    for (const auto& address : dht_addresses())
-        peers.push_back({hivemesh::crypto::identity::from_seed(
+    std::vector<peer_info> peers; // every other one with its key
+    for (const auto& address : dht_addresses()) {
+        const auto key = hivemesh::crypto::identity::from_seed(
                              filled(static_cast<std::uint8_t>(peers.size() + 1)))
-                             .id(),
-                         address});
+                             .public_key();
+        peers.push_back({key.id(), address});
+        if (peers.size() % 2 == 1) peers.back().key = key;
+    }
     key_entry plain;
     plain.key = text_bytes("key");
     plain.plain =

@@ -1,6 +1,6 @@
 // Wire format of the DHT RPCs: ping, store and find, each a request and a response.
 //
-// Every message starts with `u8 version (2) | u8 type`; integers are little-endian; byte
+// Every message starts with `u8 version (3) | u8 type`; integers are little-endian; byte
 // strings ("sized") are `u32 length | bytes`; counts are u32; times are i64 nanoseconds
 // since the Unix epoch; a flag is a u8 that must be 0 or 1 and announces an optional field.
 //
@@ -26,7 +26,7 @@
 // | key_entry    | sized key, u8 has_plain, [stored_value], u32 subkey count,          |
 // |              | (sized subkey, stored_value)[count] in strictly increasing order    |
 // | find_result  | u8 has_entry, [key_entry], u32 peer count, peer_info[count]         |
-// | peer_info    | 32-byte PeerId, address                                             |
+// | peer_info    | u8 has_key, 32-byte public key (has_key) or PeerId, address         |
 //
 // A find may carry records to store (a store's lookup hands them to the nodes it asks, so
 // that the nearest of them need no store request after it); its response then holds one
@@ -44,6 +44,7 @@
 #include "hivemesh/core/bytes.hpp"
 #include "hivemesh/core/clock.hpp"
 #include "hivemesh/core/error.hpp"
+#include "hivemesh/crypto/identity.hpp"
 #include "hivemesh/crypto/peer_id.hpp"
 #include "hivemesh/dht/id.hpp"
 #include "hivemesh/dht/record.hpp"
@@ -74,10 +75,13 @@ struct message_limits {
     std::size_t max_peers = 64;     ///< peers per find_result, and find_request::max_peers
 };
 
-/// A peer and where it listens. `address.peer` must be empty: the PeerId travels in `peer`.
+/// A peer and where it listens. `address.peer` must be empty: the PeerId travels in `peer`,
+/// or as the public key that proves it when the sender knows that.
 struct peer_info {
     crypto::peer_id peer;
     net::peer_address address;
+    /// When set, `peer` is its PeerId (the encoder refuses anything else).
+    std::optional<crypto::public_key> key = std::nullopt;
 
     friend bool operator==(const peer_info&, const peer_info&) = default;
 };
@@ -154,7 +158,7 @@ enum class message_type : std::uint8_t {
     find_response = 6,
 };
 
-inline constexpr std::uint8_t message_version = 2;
+inline constexpr std::uint8_t message_version = 3;
 
 namespace detail {
 
@@ -164,7 +168,7 @@ inline constexpr std::size_t min_stored_value_size = 4 + 8 + 4;
 inline constexpr std::size_t min_subkey_entry_size = 4 + min_stored_value_size;
 inline constexpr std::size_t min_find_result_size = 1 + 4;
 inline constexpr std::size_t min_address_size = 1 + 1 + 1 + 2 + 1;
-inline constexpr std::size_t min_peer_info_size = crypto::peer_id::size + min_address_size;
+inline constexpr std::size_t min_peer_info_size = 1 + crypto::peer_id::size + min_address_size;
 
 [[noreturn]] inline void refuse_encoding(const char* what) {
     throw std::system_error(errc::invalid_argument, std::string("hivemesh::dht::encode: ") + what);
@@ -255,7 +259,10 @@ inline void write_find_result(binary_writer& w, const find_result& result,
     if (result.entry) write_key_entry(w, *result.entry, limits);
     write_count(w, result.nearest.size(), limits.max_peers, "too many peers");
     for (const auto& p : result.nearest) {
-        w.write_bytes(p.peer.view());
+        if (p.key && !(p.key->id() == p.peer))
+            refuse_encoding("a key that does not prove its peer");
+        w.write_flag(p.key.has_value());
+        w.write_bytes(p.key ? p.key->view() : p.peer.view());
         p.address.write_without_peer(w);
     }
 }
@@ -356,13 +363,19 @@ inline void read_find_result(binary_reader& r, const message_limits& limits, fin
     const std::size_t count = read_count(r, min_peer_info_size, limits.max_peers);
     out.nearest.reserve(count);
     for (std::size_t i = 0; i < count && r.ok(); ++i) {
+        const bool has_key = r.read_flag();
         const byte_view peer = r.read_bytes(crypto::peer_id::size);
         if (!r.ok()) return;
         crypto::peer_id::bytes_type bytes;
         std::copy(peer.begin(), peer.end(), bytes.begin());
         net::peer_address address = net::peer_address::read_without_peer(r);
         if (!r.ok()) return;
-        out.nearest.push_back({crypto::peer_id(bytes), std::move(address)});
+        if (has_key) {
+            const crypto::public_key key(bytes);
+            out.nearest.push_back({key.id(), std::move(address), key});
+        } else {
+            out.nearest.push_back({crypto::peer_id(bytes), std::move(address)});
+        }
     }
 }
 

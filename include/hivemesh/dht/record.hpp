@@ -67,7 +67,7 @@ struct key_entry {
 
 /// The outcome of storing one record on one node; the values are part of the wire format.
 enum class store_status : std::uint8_t {
-    stored = 0,           ///< accepted: new, or a strictly later expiration
+    stored = 0,           ///< accepted: new, a strictly later expiration, or the one held
     outdated = 1,         ///< an equal or later expiration is already stored
     expired = 2,          ///< the expiration has already passed
     invalid = 3,          ///< refused by a validator (missing or bad signature, schema)

@@ -9,6 +9,7 @@
 
 #include "hivemesh/core/clock.hpp"
 #include "hivemesh/core/random.hpp"
+#include "hivemesh/crypto/identity.hpp"
 #include "hivemesh/crypto/peer_id.hpp"
 #include "hivemesh/dht/id.hpp"
 
@@ -28,6 +29,9 @@ struct contact {
     dht::id id;
     crypto::peer_id peer;
     Endpoint endpoint;
+    /// The peer's public key (it proves `peer`), when known: requests to it may then go by
+    /// datagram (net::datagram_options).
+    std::optional<crypto::public_key> key = std::nullopt;
 
     /// Deleted (by the language) when Endpoint has no ==.
     friend bool operator==(const contact&, const contact&) = default;
@@ -92,7 +96,9 @@ public:
             const std::size_t index = bucket_index(c.id);
             bucket& target = buckets_[index];
             if (auto it = find_entry(target.contacts, c.id); it != target.contacts.end()) {
+                const auto known_key = it->contact.key;
                 it->contact = c;
+                if (!c.key) it->contact.key = known_key; // news without a key forget none
                 it->failures = 0;
                 std::rotate(it, it + 1, target.contacts.end()); // most recent last
                 target.last_activity = now;

@@ -83,7 +83,9 @@ public:
     /// (`r.expiration` more than max_lifetime after `now`), outdated (the slot
     /// holds an equal or later live expiration; for a kind switch, see the file comment),
     /// too_many_subkeys (a new subkey in a full dictionary), storage_full (the total would
-    /// exceed max_total_bytes even after purging expired items). Returns stored otherwise.
+    /// exceed max_total_bytes even after purging expired items). Returns stored otherwise,
+    /// and also, changing nothing, when the slot holds this very record (value, expiration
+    /// and signature): a store sent again, say after its answer was lost, succeeds again.
     /// Refusals leave live items untouched (expired ones may be purged).
     store_status store(const record& r, time_point now) {
         if (r.key.size() > limits_.max_key_size || r.value.size() > limits_.max_value_size ||
@@ -104,10 +106,14 @@ public:
             }
         }
 
+        const auto holds_this = [&](const stored_value& v) {
+            return v.expiration == r.expiration && v.value == r.value && v.signature == r.signature;
+        };
         // Bytes the store releases: the whole entry for a plain value, else the one slot.
         std::size_t freed = 0;
         if (!r.subkey) {
             if (it != entries_.end()) {
+                if (it->second.plain && holds_this(*it->second.plain)) return store_status::stored;
                 if (r.expiration <= it->second.expiration()) return store_status::outdated;
                 freed = entry_size(it->second);
             }
@@ -121,6 +127,7 @@ public:
                     freed = stored_size(entry.key, 0, *entry.plain);
                 } else if (auto slot = entry.dictionary.find(*r.subkey);
                            slot != entry.dictionary.end()) {
+                    if (holds_this(slot->second)) return store_status::stored;
                     if (r.expiration <= slot->second.expiration) return store_status::outdated;
                     freed = stored_size(entry.key, slot->first.size(), slot->second);
                     others = entry.dictionary.size() - 1;

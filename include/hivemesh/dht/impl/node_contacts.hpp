@@ -16,7 +16,7 @@ namespace hivemesh::dht {
 
 template <net::transport Transport>
 auto node<Transport>::to_peer(const contact_type& c) -> peer {
-    return peer{c.peer, c.endpoint};
+    return peer{c.peer, c.endpoint, c.key};
 }
 
 template <net::transport Transport>
@@ -94,6 +94,7 @@ asio::awaitable<net::call_result> node<Transport>::call(state_ptr st, contact_ty
         // Out of descriptors, we could not even try: the peer is not to blame.
         if (!net::out_of_descriptors(ec)) note_failure(st, c);
     } else {
+        if (!c.key) c.key = st->rpc->key_of(c.peer); // proven by the connection it took
         note_alive(st, c);
     }
     co_return net::call_result{ec, std::move(response)};

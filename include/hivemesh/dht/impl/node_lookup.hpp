@@ -241,7 +241,8 @@ void node<Transport>::absorb(const state_ptr& st, lookup& l, reply& r) {
         for (const auto& info : result.nearest) {
             const auto endpoint = Transport::to_endpoint(info.address);
             if (!endpoint) continue;
-            add_candidate(st, s, contact_type{dht::id::of_peer(info.peer), info.peer, *endpoint},
+            add_candidate(st, s,
+                          contact_type{dht::id::of_peer(info.peer), info.peer, *endpoint, info.key},
                           c.hop + 1);
         }
     }

@@ -96,11 +96,15 @@ asio::awaitable<std::error_code> node<Transport>::rebootstrap(state_ptr st, bool
     const auto ping = encode(ping_request{sender(st)});
     for (const auto& p : st->initial_peers) {
         if (p.id == st->rpc->id()) continue;
-        const contact_type c{dht::id::of_peer(p.id), p.id, p.endpoint};
+        // A key that does not prove the PeerId is no use (and must not be passed on).
+        const auto key = p.key && p.key->id() == p.id ? p.key : std::nullopt;
+        const contact_type c{dht::id::of_peer(p.id), p.id, p.endpoint, key};
         const bool known = st->table.find(c.id) != nullptr;
         auto [ec, unused] = co_await call(st, c, "dht.ping", ping);
         if (ec) continue;
-        answered_peers.push_back(c);
+        // The table's copy: it has the key the answer proved.
+        const contact_type* seen = st->table.find(c.id);
+        answered_peers.push_back(seen ? *seen : c);
         if (!known) all_buckets = true;
     }
     if (st->closed) co_return errc::cancelled;
@@ -130,7 +134,8 @@ auto node<Transport>::find_nearest(state_ptr st, dht::id target, std::size_t cou
     if (st->closed) co_return result{errc::cancelled, {}};
     auto nearest = answered(searches.front(), count);
     if (st->announce) {
-        nearest.push_back(contact_type{st->self, st->rpc->id(), *st->announce});
+        nearest.push_back(
+            contact_type{st->self, st->rpc->id(), *st->announce, st->rpc->identity().public_key()});
         std::sort(nearest.begin(), nearest.end(),
                   [&](const contact_type& a, const contact_type& b) {
                       return closer(target, a.id, b.id);

@@ -17,12 +17,15 @@ template <net::transport Transport>
 void node<Transport>::register_handlers(const state_ptr& st) {
     // Handlers hold the state weakly: the RPC node may outlive this node.
     const auto add = [&](const char* method, serve_function serve) {
+        // Each may come by datagram: a request repeated or replayed does no harm (a store
+        // of a record already held is answered `stored` again).
         st->rpc->add_handler(method,
                              [weak = std::weak_ptr<state>(st),
                               serve](const net::call_context& context, byte_view request,
                                      byte_buffer& response) -> asio::awaitable<std::error_code> {
                                  co_return serve(weak.lock(), context, request, response);
-                             });
+                             },
+                             {.datagrams = true});
     };
     add("dht.ping", &serve_ping);
     add("dht.store", &serve_store);
@@ -75,7 +78,8 @@ void node<Transport>::note_sender(const state_ptr& st, const net::call_context& 
     if (!from.listen) return;
     const auto endpoint = Transport::to_endpoint(*from.listen);
     if (!endpoint) return;
-    note_alive(st, contact_type{dht::id::of_peer(context.remote), context.remote, *endpoint});
+    note_alive(st, contact_type{dht::id::of_peer(context.remote), context.remote, *endpoint,
+                                context.remote_key});
 }
 
 template <net::transport Transport>
@@ -133,7 +137,7 @@ std::error_code node<Transport>::serve_find(const state_ptr& st, const net::call
         find_result result;
         if (find.want_values) result.entry = local_entry(st, key, now);
         for (const auto& c : st->table.nearest(key, count, &requester))
-            result.nearest.push_back({c.peer, Transport::to_address(c.endpoint)});
+            result.nearest.push_back({c.peer, Transport::to_address(c.endpoint), c.key});
         reply.results.push_back(std::move(result));
     }
     reply.statuses = store_items(st, find.items);
