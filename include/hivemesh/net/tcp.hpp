@@ -375,7 +375,8 @@ private:
 
 /// A UDP socket addressed by TCP endpoints: a node's datagrams use the same address and
 /// port number as its listener, so a peer's one endpoint names both. Not thread-safe, like
-/// any Asio object; at most one receive pending at a time.
+/// any Asio object; at most one receive pending at a time, and no move meanwhile (the
+/// socket keeps that receive's UDP sender).
 class datagram_socket {
 public:
     using executor_type = asio::any_io_executor;
