@@ -145,8 +145,6 @@ struct datagram_message {
     byte_view message; ///< views the payload it was read from; empty for by_stream
 };
 
-inline constexpr std::size_t datagram_message_header_size = 9;
-
 /// Appends the datagram kind and call id; the message follows.
 inline void append_datagram_header(datagram_kind kind, std::uint64_t call, byte_buffer& out) {
     binary_writer w(out);

@@ -251,8 +251,8 @@ node<Transport>::serve_datagram(state_ptr st, std::shared_ptr<datagram_socket_ty
     payload.insert(payload.end(), message.begin(), message.end());
     byte_buffer datagram = seal_datagram(st, caller, payload);
     if (datagram.size() > st->options.datagrams.max_size) { // the caller asks again by stream
-        payload.resize(datagram_message_header_size);
-        payload[0] = static_cast<std::byte>(datagram_kind::by_stream);
+        payload.clear();
+        append_datagram_header(datagram_kind::by_stream, call, payload);
         datagram = seal_datagram(st, caller, payload);
     }
     co_await send_datagram(st, std::move(port), std::move(datagram), std::move(from));
