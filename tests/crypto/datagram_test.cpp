@@ -8,7 +8,9 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
+#include <vector>
 
 using hivemesh::byte_buffer;
 using hivemesh::byte_view;
@@ -191,4 +193,81 @@ TEST_CASE("the key cache keeps the most recently used peers", "[crypto][datagram
     REQUIRE(a_id.key_agreement(peers[1].public_key(), ab));
     REQUIRE(peers[1].key_agreement(a_id.public_key(), ba));
     CHECK(ab == ba);
+}
+
+TEST_CASE("keys for unknown senders are made at most max_new_keys_per_second",
+          "[crypto][datagram]") {
+    const auto b_id = identity_of(1);
+    datagram_options options;
+    options.max_new_keys_per_second = 3;
+    datagram_sealer b(b_id, options);
+    std::vector<hivemesh::crypto::identity> senders;
+    std::vector<byte_buffer> datagrams;
+    for (std::uint8_t i = 2; i < 8; ++i) {
+        senders.push_back(identity_of(i));
+        datagram_sealer from(senders.back(), {});
+        datagrams.push_back(sealed(from, b_id.public_key(), text(8)));
+    }
+    // The burst: 3 senders at once, then none until the next token (1/3 s later).
+    for (std::size_t i = 0; i < 3; ++i)
+        CHECK(open_copy(b, datagrams[i], start) == std::error_code{});
+    CHECK(open_copy(b, datagrams[3], start) == errc::rate_limited);
+    CHECK(open_copy(b, datagrams[3], start + 333ms) == errc::rate_limited);
+    CHECK(open_copy(b, datagrams[3], start + 334ms) == std::error_code{});
+    // Known senders need no token.
+    for (std::size_t i = 0; i < 4; ++i)
+        CHECK(open_copy(b, datagrams[i], start + 334ms) == std::error_code{});
+    CHECK(open_copy(b, datagrams[4], start + 334ms) == errc::rate_limited);
+    // A clock that steps back adds nothing; a second later the bucket is full, not fuller.
+    CHECK(open_copy(b, datagrams[4], start) == errc::rate_limited);
+    CHECK(open_copy(b, datagrams[4], start + 10s) == std::error_code{});
+    CHECK(open_copy(b, datagrams[5], start + 10s) == std::error_code{});
+    CHECK(b.cached_keys() == 6);
+    // Sealing is this side's choice of peer, and is not capped.
+    datagram_sealer c(identity_of(9), options);
+    for (const auto& sender : senders)
+        sealed(c, sender.public_key(), text(3));
+    CHECK(c.cached_keys() == senders.size());
+
+    datagram_options unlimited, negative, infinite;
+    unlimited.max_new_keys_per_second = 0;
+    negative.max_new_keys_per_second = -1;
+    infinite.max_new_keys_per_second = std::numeric_limits<double>::infinity();
+    datagram_sealer d(b_id, unlimited);
+    for (const auto& datagram : datagrams)
+        CHECK(open_copy(d, datagram, start) == std::error_code{});
+    CHECK_THROWS_AS(datagram_sealer(b_id, negative), std::invalid_argument);
+    CHECK_THROWS_AS(datagram_sealer(b_id, infinite), std::invalid_argument);
+}
+
+TEST_CASE("forged datagrams evict no cached key", "[crypto][datagram]") {
+    const auto a_id = identity_of(1), b_id = identity_of(2);
+    datagram_options options;
+    options.max_cached_keys = 2;
+    options.max_new_keys_per_second = 0;
+    datagram_sealer b(b_id, options);
+    datagram_sealer a(a_id, {});
+    CHECK(open_copy(b, sealed(a, b_id.public_key(), text(4)), start) == std::error_code{});
+    CHECK(b.cached_keys() == 1);
+    for (std::uint8_t i = 3; i < 9; ++i) { // under other swarm keys: well formed, not for b
+        datagram_sealer forger(identity_of(i), with_swarm_key(i));
+        CHECK(open_copy(b, sealed(forger, b_id.public_key(), text(4)), start) ==
+              errc::authentication_failed);
+    }
+    byte_buffer altered = sealed(a, b_id.public_key(), text(4));
+    altered.back() ^= std::byte{1};
+    CHECK(open_copy(b, altered, start) == errc::authentication_failed);
+    CHECK(b.cached_keys() == 1);
+
+    // With a cap, a forged datagram still takes a token, but a cached sender needs none.
+    options.max_new_keys_per_second = 1;
+    datagram_sealer capped(b_id, options);
+    CHECK(open_copy(capped, sealed(a, b_id.public_key(), text(4)), start) == std::error_code{});
+    datagram_sealer forger(identity_of(3), with_swarm_key(3));
+    CHECK(open_copy(capped, sealed(forger, b_id.public_key(), text(4)), start + 1s) ==
+          errc::authentication_failed);
+    CHECK(open_copy(capped, sealed(forger, b_id.public_key(), text(4)), start + 1s) ==
+          errc::rate_limited);
+    CHECK(open_copy(capped, sealed(a, b_id.public_key(), text(4)), start + 1s) ==
+          std::error_code{});
 }

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -1581,6 +1582,34 @@ TEMPLATE_TEST_CASE("datagrams from outside the swarm or forged are dropped", "[n
     CHECK(server.node->statistics().datagrams_dropped == 3);
     CHECK(outsider.node->statistics().datagrams_sent == 3);
     CHECK(outsider.node->statistics().datagrams_received == 0);
+}
+
+TEST_CASE("a node refuses datagram options out of range", "[net][rpc][datagram]") {
+    sim_world world;
+    auto& transport = world.add_host();
+    const double infinity = std::numeric_limits<double>::infinity();
+    const std::vector<std::function<void(net::datagram_options&)>> changes = {
+        [](auto& d) { d.max_size = 127; },
+        [](auto& d) { d.max_size = 65508; },
+        [](auto& d) { d.attempts = 0; },
+        [](auto& d) { d.retry_interval = 0s; },
+        [](auto& d) { d.min_retry_interval = 0s; },
+        [](auto& d) { d.max_serving = 0; },
+        [](auto& d) { d.max_cached_keys = 0; },
+        [](auto& d) { d.max_clock_skew = 0s; },
+        [](auto& d) { d.max_new_keys_per_second = -1; },
+        [=](auto& d) { d.max_new_keys_per_second = infinity; },
+        [](auto& d) { d.max_new_keys_per_second = std::numeric_limits<double>::quiet_NaN(); },
+    };
+    using node_type = net::node<net::sim::transport>;
+    for (const auto& change : changes) {
+        net::node_options options;
+        change(options.datagrams);
+        CHECK_THROWS_AS(node_type(transport, identity_of(1), options), std::invalid_argument);
+    }
+    net::node_options unlimited;
+    unlimited.datagrams.max_new_keys_per_second = 0;
+    CHECK_NOTHROW(node_type(transport, identity_of(1), unlimited));
 }
 
 TEMPLATE_TEST_CASE("a datagram call waiting for its reply ends when the node closes",

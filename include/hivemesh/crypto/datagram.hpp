@@ -4,7 +4,8 @@
 //
 // The key of a pair is the X25519 secret their identities share (identity::key_agreement),
 // hashed with both public keys and, when set, the swarm key. It is the same both ways and
-// computed once per peer, then cached.
+// computed once per peer, then cached; the keys computed for unknown senders are capped per
+// second, so a flood of forged datagrams costs a bounded share of a core.
 //
 // Datagram (little-endian):
 //   u8 version 1 | 32-byte sender public key | u64 sent at, ms since the Unix epoch |
@@ -29,8 +30,10 @@
 
 #include <sodium.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -52,8 +55,15 @@ struct datagram_options {
     /// way, is refused: how long a recorded datagram can be replayed, and how far apart two
     /// peers' clocks may be.
     duration max_clock_skew = std::chrono::seconds(60);
-    /// Pair keys kept (least recently used first out; about 100 bytes each).
+    /// Pair keys kept (least recently used first out; about 100 bytes each). A sender's key
+    /// is kept once one of its datagrams opened, so forged ones evict nothing.
     std::size_t max_cached_keys = 1024;
+    /// Pair keys open() computes for senders not in the cache, per second, with a burst of as
+    /// many (at least 1): what datagrams under made-up sender keys can cost, a key agreement
+    /// each (73 µs on the development machine). Past it such a datagram is refused unread
+    /// (rate_limited), so its sender retries and, as for a lost datagram, calls by stream
+    /// after its last attempt. 0: no limit.
+    double max_new_keys_per_second = 1000;
 };
 
 namespace detail {
@@ -72,15 +82,21 @@ inline constexpr std::size_t datagram_overhead =
 /// cache changes on every call): one per executor.
 class datagram_sealer {
 public:
-    /// Keeps a copy of `self`. Throws std::invalid_argument for max_cached_keys 0 or a
-    /// max_clock_skew that is not positive.
+    /// Keeps a copy of `self`. Throws std::invalid_argument for max_cached_keys 0, a
+    /// max_clock_skew that is not positive, or a max_new_keys_per_second that is negative or
+    /// not finite.
     datagram_sealer(const identity& self, datagram_options options)
         : self_(self.clone())
-        , options_(std::move(options)) {
+        , options_(std::move(options))
+        , new_keys_(std::max(1.0, options_.max_new_keys_per_second)) {
         if (options_.max_cached_keys == 0)
             throw std::invalid_argument("datagram_options::max_cached_keys: at least 1");
         if (options_.max_clock_skew <= duration::zero())
             throw std::invalid_argument("datagram_options::max_clock_skew: positive");
+        if (!(options_.max_new_keys_per_second >= 0) ||
+            !std::isfinite(options_.max_new_keys_per_second))
+            throw std::invalid_argument(
+                "datagram_options::max_new_keys_per_second: 0 or a finite positive number");
     }
     ~datagram_sealer() {
         if (options_.swarm_key)
@@ -95,8 +111,12 @@ public:
     /// appended): invalid_argument when `to` is our own key or not a valid one.
     std::error_code seal(const public_key& to, byte_view payload, time_point now,
                          byte_buffer& out) {
-        const symmetric_key* key = pair_key(to);
-        if (!key) return errc::invalid_argument;
+        const symmetric_key* key = find_key(to);
+        if (!key) {
+            auto made = make_key(to);
+            if (!made) return errc::invalid_argument;
+            key = &remember(to, *made);
+        }
         const std::size_t start = out.size();
         binary_writer w(out);
         w.write(detail::datagram_version);
@@ -126,7 +146,8 @@ public:
     /// than datagram_overhead), unsupported_version, invalid_argument (the sender is us or
     /// not a valid key), authentication_failed (a forged or altered datagram, another swarm
     /// key, or a sending time outside max_clock_skew of `now`: a replay or a clock too far
-    /// off). On error the datagram may be left partly decrypted.
+    /// off), rate_limited (a sender not in the cache past max_new_keys_per_second). On error
+    /// the datagram may be left partly decrypted.
     std::error_code open(std::span<std::byte> datagram, time_point now, opened& out) {
         if (datagram.size() < datagram_overhead) return errc::truncated_input;
         binary_reader r(datagram);
@@ -138,17 +159,26 @@ public:
         const std::uint64_t here = milliseconds_since_epoch(now);
         if (sent > here ? sent - here > skew : here - sent > skew)
             return errc::authentication_failed;
-        const symmetric_key* key = pair_key(sender);
-        if (!key) return errc::invalid_argument;
         std::byte* header = datagram.data();
         std::byte* text = header + detail::datagram_header_size;
         const std::size_t text_size = datagram.size() - datagram_overhead;
-        if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
-                detail::uchars(text), nullptr, detail::uchars(text), text_size,
-                detail::uchars(text + text_size), detail::uchars(header),
-                detail::datagram_header_size, detail::uchars(text - detail::datagram_nonce_size),
-                key->data()) != 0)
-            return errc::authentication_failed;
+        auto decrypt = [&](const symmetric_key& key) {
+            return crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
+                       detail::uchars(text), nullptr, detail::uchars(text), text_size,
+                       detail::uchars(text + text_size), detail::uchars(header),
+                       detail::datagram_header_size,
+                       detail::uchars(text - detail::datagram_nonce_size), key.data()) == 0;
+        };
+        if (const symmetric_key* key = find_key(sender)) {
+            if (!decrypt(*key)) return errc::authentication_failed;
+        } else {
+            if (sender == self_.public_key()) return errc::invalid_argument;
+            if (!take_new_key(now)) return errc::rate_limited;
+            const auto made = make_key(sender);
+            if (!made) return errc::invalid_argument;
+            if (!decrypt(*made)) return errc::authentication_failed;
+            remember(sender, *made);
+        }
         out = {sender, {text, text_size}};
         return {};
     }
@@ -174,16 +204,19 @@ private:
         return ms.count() < 0 ? 0 : static_cast<std::uint64_t>(ms.count());
     }
 
-    /// The key shared with `peer`, from the cache or computed; null for our own key or an
-    /// invalid one.
-    const symmetric_key* pair_key(const public_key& peer) {
-        if (const auto it = index_.find(peer); it != index_.end()) {
-            keys_.splice(keys_.begin(), keys_, it->second);
-            return &it->second->key;
-        }
-        if (peer == self_.public_key()) return nullptr;
+    /// The cached key shared with `peer`, now the most recently used; null if none.
+    const symmetric_key* find_key(const public_key& peer) {
+        const auto it = index_.find(peer);
+        if (it == index_.end()) return nullptr;
+        keys_.splice(keys_.begin(), keys_, it->second);
+        return &it->second->key;
+    }
+
+    /// The key shared with `peer`, computed; none for our own key or an invalid one.
+    std::optional<symmetric_key> make_key(const public_key& peer) const {
+        if (peer == self_.public_key()) return std::nullopt;
         std::array<unsigned char, 32> shared;
-        if (!self_.key_agreement(peer, shared)) return nullptr;
+        if (!self_.key_agreement(peer, shared)) return std::nullopt;
         // Both public keys in a fixed order, so the two ends hash the same bytes.
         const bool ours_first = std::memcmp(self_.public_key().bytes().data(), peer.bytes().data(),
                                             public_key::size) < 0;
@@ -203,19 +236,41 @@ private:
         crypto_generichash_final(&state, key.data(), symmetric_key::size);
         sodium_memzero(shared.data(), shared.size());
         sodium_memzero(&state, sizeof state);
+        return key;
+    }
+
+    /// Caches `key` for `peer` (not cached yet), evicting the least recently used.
+    const symmetric_key& remember(const public_key& peer, const symmetric_key& key) {
         if (keys_.size() >= options_.max_cached_keys) {
             index_.erase(keys_.back().peer);
             keys_.pop_back();
         }
         keys_.push_front({peer, key});
         index_.emplace(peer, keys_.begin());
-        return &keys_.front().key;
+        return keys_.front().key;
+    }
+
+    /// Takes one of max_new_keys_per_second's tokens as of `now`, if there is one. A clock
+    /// that steps back adds none.
+    bool take_new_key(time_point now) noexcept {
+        const double rate = options_.max_new_keys_per_second;
+        if (rate == 0) return true;
+        if (now > refilled_at_) {
+            const double seconds = std::chrono::duration<double>(now - refilled_at_).count();
+            new_keys_ = std::min(std::max(1.0, rate), new_keys_ + seconds * rate);
+            refilled_at_ = now;
+        }
+        if (new_keys_ < 1) return false;
+        new_keys_ -= 1;
+        return true;
     }
 
     identity self_;
     datagram_options options_;
     std::list<cached_key> keys_; ///< most recently used first
     std::unordered_map<public_key, std::list<cached_key>::iterator, key_hash> index_;
+    double new_keys_;          ///< tokens for take_new_key(), full at first
+    time_point refilled_at_{}; ///< when new_keys_ was last topped up
 };
 
 } // namespace hivemesh::crypto

@@ -79,6 +79,7 @@ struct datagram_options {
     /// See crypto::datagram_options (the swarm key is security's).
     duration max_clock_skew = std::chrono::seconds(60);
     std::size_t max_cached_keys = 1024;
+    double max_new_keys_per_second = 1000;
 };
 
 struct node_options {
@@ -173,7 +174,7 @@ struct node_statistics {
     std::uint64_t datagrams_sent = 0;
     std::uint64_t datagrams_received = 0;
     /// Received datagrams dropped: not sealed for us (forged, another swarm, outside the
-    /// clock window), malformed or too large.
+    /// clock window), from a new sender past max_new_keys_per_second, malformed or too large.
     std::uint64_t datagrams_dropped = 0;
     /// Calls this node made with the callee's key that a datagram answered, and those that
     /// went by stream: the request or its answer did not fit, the key did not prove the
@@ -588,7 +589,9 @@ private:
                 sealer.emplace(identity, crypto::datagram_options{
                                              .swarm_key = options.security.swarm_key,
                                              .max_clock_skew = options.datagrams.max_clock_skew,
-                                             .max_cached_keys = options.datagrams.max_cached_keys});
+                                             .max_cached_keys = options.datagrams.max_cached_keys,
+                                             .max_new_keys_per_second =
+                                                 options.datagrams.max_new_keys_per_second});
         }
 
         Transport& transport;

@@ -20,11 +20,12 @@ node_options node<Transport>::checked(node_options options) {
     const datagram_options& d = options.datagrams;
     if (d.max_size < 128 || d.max_size > 65507 || d.attempts == 0 ||
         d.retry_interval <= duration::zero() || d.min_retry_interval <= duration::zero() ||
-        d.max_serving == 0 || d.max_cached_keys == 0 || d.max_clock_skew <= duration::zero())
+        d.max_serving == 0 || d.max_cached_keys == 0 || d.max_clock_skew <= duration::zero() ||
+        !(d.max_new_keys_per_second >= 0) || !std::isfinite(d.max_new_keys_per_second))
         throw std::invalid_argument(
             "hivemesh::net::node_options::datagrams: out of range (max_size 128..65507; "
             "attempts, max_serving, max_cached_keys at least 1; retry intervals and "
-            "max_clock_skew positive)");
+            "max_clock_skew positive; max_new_keys_per_second finite, 0 or more)");
     return options;
 }
 
