@@ -1361,38 +1361,43 @@ TEST_CASE("streams a peer opens past max_streams are refused and counted, also o
 namespace {
 
 /// "echo" served by datagram too; "big" answers 4000 bytes by datagram if it can.
-template <class World>
-void add_datagram_methods(host<World>& h) {
-    h.node->add_handler("echo",
-                        [](const net::call_context&, byte_view request,
-                           byte_buffer& response) -> asio::awaitable<std::error_code> {
-                            response.assign(request.begin(), request.end());
-                            co_return std::error_code{};
-                        },
-                        {.datagrams = true});
-    h.node->add_handler("big",
-                        [](const net::call_context&, byte_view,
-                           byte_buffer& response) -> asio::awaitable<std::error_code> {
-                            response = random_bytes(4000, 4);
-                            co_return std::error_code{};
-                        },
-                        {.datagrams = true});
-    h.node->add_handler(
+template <class Node>
+void add_datagram_methods(Node& node) {
+    node.add_handler("echo",
+                     [](const net::call_context&, byte_view request,
+                        byte_buffer& response) -> asio::awaitable<std::error_code> {
+                         response.assign(request.begin(), request.end());
+                         co_return std::error_code{};
+                     },
+                     {.datagrams = true});
+    node.add_handler("big",
+                     [](const net::call_context&, byte_view,
+                        byte_buffer& response) -> asio::awaitable<std::error_code> {
+                         response = random_bytes(4000, 4);
+                         co_return std::error_code{};
+                     },
+                     {.datagrams = true});
+    node.add_handler(
         "fails",
         [](const net::call_context&, byte_view, byte_buffer&) -> asio::awaitable<std::error_code> {
             co_return make_error_code(errc::not_found);
         },
         {.datagrams = true});
-    h.node->add_handler("who",
-                        [](const net::call_context& context, byte_view,
-                           byte_buffer& response) -> asio::awaitable<std::error_code> {
-                            response = to_buffer(
-                                as_bytes(context.remote.to_string() + " " + context.method));
-                            const auto key = context.remote_key.view();
-                            response.insert(response.end(), key.begin(), key.end());
-                            co_return std::error_code{};
-                        },
-                        {.datagrams = true});
+    node.add_handler("who",
+                     [](const net::call_context& context, byte_view,
+                        byte_buffer& response) -> asio::awaitable<std::error_code> {
+                         response =
+                             to_buffer(as_bytes(context.remote.to_string() + " " + context.method));
+                         const auto key = context.remote_key.view();
+                         response.insert(response.end(), key.begin(), key.end());
+                         co_return std::error_code{};
+                     },
+                     {.datagrams = true});
+}
+
+template <class World>
+void add_datagram_methods(host<World>& h) {
+    add_datagram_methods(*h.node);
 }
 
 /// What "who" answers `caller`: its PeerId, the method and its key.
@@ -1582,6 +1587,42 @@ TEMPLATE_TEST_CASE("datagrams from outside the swarm or forged are dropped", "[n
     CHECK(server.node->statistics().datagrams_dropped == 3);
     CHECK(outsider.node->statistics().datagrams_sent == 3);
     CHECK(outsider.node->statistics().datagrams_received == 0);
+}
+
+TEST_CASE("datagrams reach both address families: every listener's port, and an ephemeral one "
+          "for a family no listener serves",
+          "[net][rpc][datagram]") {
+    tcp_world world;
+    using tcp_node = net::node<net::tcp::transport>;
+    auto& server_host = world.add_host();
+    tcp_node server(server_host, identity_of(1));
+    const auto v4 = world.listen_at(server, server_host, {asio::ip::address_v4::loopback(), 0});
+    const auto v6 = world.listen_at(server, server_host, {asio::ip::address_v6::loopback(), 0});
+    add_datagram_methods(server);
+    const auto key = server.identity().public_key();
+    auto& listener_host = world.add_host();
+    tcp_node v6_listener(listener_host, identity_of(2));
+    world.listen_at(v6_listener, listener_host, {asio::ip::address_v6::loopback(), 0});
+    tcp_node client(world.add_host(), identity_of(3));
+
+    // Each of the server's listeners takes datagrams; the v6 listener calls v4 from a port of
+    // its own, and the client, which listens nowhere, opens one for each family.
+    for (tcp_node* caller : {&v6_listener, &client})
+        for (const auto& endpoint : {v4, v6, v4, v6}) {
+            const auto outcome = call(world, *caller, tcp_node::peer{server.id(), endpoint, key},
+                                      "echo", random_bytes(10, 1));
+            REQUIRE_FALSE(outcome.ec);
+            CHECK(outcome.response == random_bytes(10, 1));
+        }
+    for (tcp_node* caller : {&v6_listener, &client}) {
+        const auto stats = caller->statistics();
+        CHECK(stats.datagram_calls == 4);
+        CHECK(stats.datagram_fallbacks == 0);
+        CHECK(stats.datagrams_sent == 4);
+        CHECK(caller->connection_count() == 0);
+    }
+    CHECK(server.statistics().datagrams_received == 8);
+    CHECK(server.connection_count() == 0);
 }
 
 TEST_CASE("a node refuses datagram options out of range", "[net][rpc][datagram]") {

@@ -57,8 +57,8 @@ using namespace std::chrono_literals;
 /// once if it never answered a datagram (UDP may be blocked on the way), else from its next
 /// call, this one failing with `unreachable` (it answered before, so it is most likely down:
 /// found out in a few of its round trips, where a dial would wait for its timeout). A node's
-/// datagrams use UDP on the address and port of its first listener (serve()); a node that
-/// listens nowhere uses an ephemeral port.
+/// datagrams use UDP on the address and port of each of its listeners (serve()), and calls
+/// to an address family none of them serves use an ephemeral port of that family.
 struct datagram_options {
     /// Off: every call goes by stream and the node opens no datagram socket.
     bool enabled = true;
@@ -439,9 +439,9 @@ public:
     /// The options the node was made with.
     const node_options& options() const noexcept { return state_->options; }
 
-    /// Starts accepting on `listener` (from the transport's listen()); the first listener's
-    /// endpoint also takes datagrams (datagram_options: when its UDP port cannot be had, the
-    /// node serves no datagrams and logs why).
+    /// Starts accepting on `listener` (from the transport's listen()); its endpoint also
+    /// takes datagrams (datagram_options: when its UDP port cannot be had, the node serves no
+    /// datagrams there and logs why).
     /// A failed accept (e.g. out of file descriptors) is retried after a pause that doubles
     /// from 10 ms to 1 s while failures go on (counted in statistics()).
     void serve(listener_type listener);
@@ -546,6 +546,15 @@ private:
         std::error_code result;
     };
 
+    /// A datagram socket and the remotes it reaches.
+    struct datagram_port {
+        std::shared_ptr<datagram_socket_type> socket; ///< shared with its receive loop
+        /// The transport's datagram_endpoint_for its local endpoint: a remote whose
+        /// datagram_endpoint_for is the same (its address family) can be sent to from it.
+        endpoint_type family;
+        bool serving; ///< a listener's endpoint, not one opened for calls
+    };
+
     /// A peer called by datagram.
     struct datagram_peer {
         duration round_trip{};     ///< smoothed, of answered first attempts; zero: none yet
@@ -610,10 +619,10 @@ private:
         std::map<std::string, stream_handler, std::less<>> stream_handlers;
         std::set<std::string, std::less<>> datagram_methods; ///< handler_options::datagrams
         timer_type sweep_timer;
-        /// Datagrams: none unless enabled; the port is opened by serve() or the first call.
+        /// Datagrams: none unless enabled; a port is opened by each serve() and, for an
+        /// address family no listener serves, by the first call there.
         std::optional<crypto::datagram_sealer> sealer;
-        std::shared_ptr<datagram_socket_type> datagrams; ///< shared with its receive loop
-        bool datagrams_serving = false;
+        std::vector<datagram_port> datagram_ports;
         std::uint64_t next_datagram_call = 0;
         std::unordered_map<std::uint64_t, datagram_wait*> datagram_calls;
         /// What the node knows of the peers it called by datagram (at most 4096).
@@ -719,10 +728,15 @@ private:
 
     // ---- datagrams (impl/node_datagrams.hpp) ---------------------------------------
 
-    /// Opens the datagram port on `local` and starts its receive loop, replacing the port
-    /// the node had (so a listener's endpoint takes over from an ephemeral port). False,
-    /// logged, if it cannot be opened.
-    static bool open_datagrams(const state_ptr& st, const endpoint_type& local, bool serving);
+    /// Opens a datagram port on `local` and starts its receive loop: null, logged, if it
+    /// cannot be opened.
+    static std::shared_ptr<datagram_socket_type>
+    open_datagrams(const state_ptr& st, const endpoint_type& local, bool serving);
+
+    /// The port to send to `remote` from: a listener's of its address family, else one
+    /// opened for that family; null if none can be opened.
+    static std::shared_ptr<datagram_socket_type> datagram_port_for(const state_ptr& st,
+                                                                   const endpoint_type& remote);
 
     /// What the node remembers of `id` (made if new, within the bound).
     static datagram_peer& datagram_peer_of(const state_ptr& st, const crypto::peer_id& id);

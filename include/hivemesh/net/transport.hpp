@@ -36,7 +36,8 @@ namespace hivemesh::net {
 ///     `async_send_to(buffers, endpoint, token)` and `async_receive_from(buffers, endpoint&,
 ///     token)`, both completing with `(error_code, size_t)`, `local_endpoint()`, `is_open()`
 ///     and `close()`; `datagram_endpoint_for(remote)`, where a socket that serves nothing
-///     binds to reach `remote`.
+///     binds to reach `remote` (remotes for which it is the same, one address family, are
+///     reached from one socket).
 template <class T>
 concept transport = std::copy_constructible<T> &&
     requires(T& t, const typename T::endpoint_type& endpoint, const peer_address& address,

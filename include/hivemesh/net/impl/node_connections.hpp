@@ -46,8 +46,7 @@ template <transport Transport>
 void node<Transport>::serve(listener_type listener) {
     auto shared = std::make_shared<listening>(std::move(listener), state_->executor);
     state_->listeners.push_back(shared);
-    if (state_->sealer && !state_->datagrams_serving)
-        open_datagrams(state_, shared->listener.local_endpoint(), true);
+    if (state_->sealer) open_datagrams(state_, shared->listener.local_endpoint(), true);
     asio::co_spawn(state_->executor, accept_loop(state_, shared), asio::detached);
 }
 
@@ -112,8 +111,9 @@ void node<Transport>::close() {
         l->retry.cancel();
     }
     st->listeners.clear();
-    if (st->datagrams) st->datagrams->close();
-    st->datagrams.reset();
+    for (auto& port : st->datagram_ports)
+        port.socket->close();
+    st->datagram_ports.clear();
     for (auto& [call, wait] : st->datagram_calls)
         wait->wake.notify(); // unanswered: they end with connection_closed
     for (auto connections = st->connections; auto& [id, list] : connections)

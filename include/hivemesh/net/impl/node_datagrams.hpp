@@ -8,21 +8,32 @@
 namespace hivemesh::net {
 
 template <transport Transport>
-bool node<Transport>::open_datagrams(const state_ptr& st, const endpoint_type& local,
-                                     bool serving) {
+auto node<Transport>::open_datagrams(const state_ptr& st, const endpoint_type& local, bool serving)
+    -> std::shared_ptr<datagram_socket_type> {
     std::error_code ec;
-    auto socket = st->transport.open_datagram(local, ec);
+    auto opened = st->transport.open_datagram(local, ec);
     if (ec) {
         log::warning("rpc", "no datagrams on ", local, ": ", ec.message());
-        return false;
+        return nullptr;
     }
-    if (st->datagrams) st->datagrams->close();
-    st->datagrams = std::make_shared<datagram_socket_type>(std::move(socket));
-    st->datagrams_serving = serving;
+    auto socket = std::make_shared<datagram_socket_type>(std::move(opened));
+    st->datagram_ports.push_back(
+        {socket, st->transport.datagram_endpoint_for(socket->local_endpoint()), serving});
     if (st->next_datagram_call == 0) // a random start: a restarted node meets no late replies
         randombytes_buf(&st->next_datagram_call, sizeof st->next_datagram_call);
-    asio::co_spawn(st->executor, receive_datagrams(st, st->datagrams), asio::detached);
-    return true;
+    asio::co_spawn(st->executor, receive_datagrams(st, socket), asio::detached);
+    return socket;
+}
+
+template <transport Transport>
+auto node<Transport>::datagram_port_for(const state_ptr& st, const endpoint_type& remote)
+    -> std::shared_ptr<datagram_socket_type> {
+    const endpoint_type family = st->transport.datagram_endpoint_for(remote);
+    const datagram_port* found = nullptr;
+    for (const auto& port : st->datagram_ports)
+        if (port.family == family && (!found || (port.serving && !found->serving))) found = &port;
+    if (found) return found->socket;
+    return open_datagrams(st, family, false);
 }
 
 template <transport Transport>
@@ -58,9 +69,8 @@ node<Transport>::datagram_exchange(state_ptr st, const peer& target, const std::
         it != st->datagram_peers.end() &&
         transport_now<Transport>(st->executor) < it->second.silent_until)
         co_return std::nullopt;
-    if (!st->datagrams &&
-        !open_datagrams(st, st->transport.datagram_endpoint_for(target.endpoint), false))
-        co_return std::nullopt;
+    const auto port = datagram_port_for(st, target.endpoint);
+    if (!port) co_return std::nullopt;
 
     const std::uint64_t call = st->next_datagram_call++;
     byte_buffer payload;
@@ -90,8 +100,7 @@ node<Transport>::datagram_exchange(state_ptr st, const peer& target, const std::
     for (; sent < options.attempts && !wait.answered && !st->closed; interval *= 2) {
         // A send that fails (say, the port's address family cannot reach the target's)
         // would fail again: the call goes by stream at once.
-        if (co_await send_datagram(st, st->datagrams, datagram, target.endpoint))
-            co_return std::nullopt;
+        if (co_await send_datagram(st, port, datagram, target.endpoint)) co_return std::nullopt;
         ++sent;
         if (wait.answered) break;
         using namespace asio::experimental::awaitable_operators;
@@ -149,11 +158,11 @@ node<Transport>::receive_datagrams(state_ptr st, std::shared_ptr<datagram_socket
     const std::size_t max_size = st->options.datagrams.max_size;
     byte_buffer buffer(max_size + 1); // one byte more shows a datagram too large
     timer_type pause(st->executor);
-    while (st->datagrams == port) {
+    while (port->is_open()) {
         endpoint_type from;
         auto [ec, size] = co_await port->async_receive_from(
             asio::buffer(buffer), from, asio::experimental::as_tuple(asio::use_awaitable));
-        if (st->datagrams != port || !port->is_open()) co_return;
+        if (!port->is_open()) co_return;
         if (ec && ec != asio::error::message_size) {
             // Nothing arrived (say, no memory for buffers): try again, without spinning.
             pause.expires_after(std::chrono::milliseconds(10));
