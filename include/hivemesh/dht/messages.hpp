@@ -344,9 +344,7 @@ inline void read_key_entry(binary_reader& r, const message_limits& limits, key_e
         if (!r.ok()) return;
         if (!out.dictionary.empty()) {
             const auto& last = std::prev(out.dictionary.end())->first;
-            // Same order as std::map<byte_buffer, ...>: unsigned lexicographic.
-            if (!std::lexicographical_compare(last.begin(), last.end(), subkey.begin(),
-                                              subkey.end())) {
+            if (!subkey_less{}(last, subkey)) {
                 r.fail(errc::corrupt_data); // unsorted or duplicate subkey
                 return;
             }

@@ -7,7 +7,9 @@
 #include "hivemesh/dht/id.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <string_view>
@@ -39,11 +41,24 @@ struct record {
     friend bool operator==(const record&, const record&) = default;
 };
 
+/// The order of subkeys: std::less<byte_buffer>'s (bytes as unsigned, a prefix first),
+/// written out because g++ 12 at -O2 warns falsely (-Wstringop-overread) on the standard one
+/// where a map of byte_buffer is inlined.
+struct subkey_less {
+    bool operator()(byte_view a, byte_view b) const noexcept {
+        const std::size_t common = std::min(a.size(), b.size());
+        if (common != 0)
+            if (const int order = std::memcmp(a.data(), b.data(), common); order != 0)
+                return order < 0;
+        return a.size() < b.size();
+    }
+};
+
 /// Everything a node holds under one key: a plain value, or a dictionary (never both).
 struct key_entry {
     byte_buffer key;
     std::optional<stored_value> plain;
-    std::map<byte_buffer, stored_value> dictionary;
+    std::map<byte_buffer, stored_value, subkey_less> dictionary;
 
     bool empty() const noexcept { return !plain && dictionary.empty(); }
     bool is_dictionary() const noexcept { return !dictionary.empty(); }
