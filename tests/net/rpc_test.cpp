@@ -1490,32 +1490,47 @@ TEMPLATE_TEST_CASE("calls that a datagram cannot carry go by stream", "[net][rpc
     CHECK(client.node->connection_count() == 1);
 }
 
-TEST_CASE("unanswered datagrams give way to a stream, and the peer is called by stream for a "
-          "while",
+TEST_CASE("a callee that takes no datagrams is called by stream, then for a while: after three "
+          "unanswered requests, or after one its host answers with a notice",
           "[net][rpc][datagram]") {
-    sim_world world;
-    net::node_options no_datagrams;
-    no_datagrams.datagrams.enabled = false;
-    host<sim_world> server(world, 1, no_datagrams), client(world, 2);
-    add_echo(server);
-    const time_point start = world.now();
-    const auto first = call(world, *client.node, server.keyed_peer(), "echo", random_bytes(5, 5));
-    REQUIRE_FALSE(first.ec);
-    CHECK(first.response == random_bytes(5, 5));
-    // Three requests, 0.25 + 0.5 + 1 s of waiting, then a dial, handshake and call: 3 round
-    // trips of 20 ms.
-    CHECK(world.now() - start == 1750ms + 60ms);
-    auto c = client.node->statistics();
-    CHECK(c.datagrams_sent == 3);
-    CHECK(c.datagram_fallbacks == 1);
-    CHECK(server.node->statistics().datagrams_received == 0);
+    struct expected {
+        bool notices; // off: as behind a firewall that filters ICMP
+        duration first_call;
+        std::uint64_t datagrams_sent, refusals;
+    };
+    // Three requests, 0.25 + 0.5 + 1 s of waiting, or one and its notice a round trip (20 ms)
+    // later; then a dial, handshake and call: 3 round trips.
+    for (const auto& e :
+         {expected{false, 1750ms + 60ms, 3, 0}, expected{true, 20ms + 60ms, 1, 1}}) {
+        INFO("notices " << e.notices);
+        net::sim::network_config config;
+        config.port_unreachable_notices = e.notices;
+        sim_world world(config);
+        net::node_options no_datagrams;
+        no_datagrams.datagrams.enabled = false;
+        host<sim_world> server(world, 1, no_datagrams), client(world, 2);
+        add_echo(server);
+        const time_point start = world.now();
+        const auto first =
+            call(world, *client.node, server.keyed_peer(), "echo", random_bytes(5, 5));
+        REQUIRE_FALSE(first.ec);
+        CHECK(first.response == random_bytes(5, 5));
+        CHECK(world.now() - start == e.first_call);
+        auto c = client.node->statistics();
+        CHECK(c.datagrams_sent == e.datagrams_sent);
+        CHECK(c.datagram_fallbacks == 1);
+        CHECK(c.datagram_refusals == e.refusals);
+        CHECK(server.node->statistics().datagrams_received == 0);
 
-    // Within the silence period the next call goes by stream at once.
-    const time_point second_start = world.now();
-    CHECK_FALSE(call(world, *client.node, server.keyed_peer(), "echo", {}).ec);
-    CHECK(world.now() - second_start == 20ms);
-    CHECK(client.node->statistics().datagrams_sent == 3);
-    CHECK(client.node->statistics().datagram_fallbacks == 2);
+        // Within the silence period the next call goes by stream at once.
+        const time_point second_start = world.now();
+        CHECK_FALSE(call(world, *client.node, server.keyed_peer(), "echo", {}).ec);
+        CHECK(world.now() - second_start == 20ms);
+        c = client.node->statistics();
+        CHECK(c.datagrams_sent == e.datagrams_sent);
+        CHECK(c.datagram_fallbacks == 2);
+        CHECK(c.datagram_refusals == e.refusals);
+    }
 }
 
 TEST_CASE("a peer that answered datagrams and then stops is found out within a few round "
@@ -1536,6 +1551,29 @@ TEST_CASE("a peer that answered datagrams and then stops is found out within a f
     CHECK(call(world, *client.node, server.keyed_peer(), "echo", {}).ec);
     CHECK(world.now() - dial == world.network.config().connect_timeout);
     CHECK(client.node->statistics().datagrams_sent == 4);
+}
+
+TEMPLATE_TEST_CASE("a peer whose process is gone, its host up, is found out by the first "
+                   "attempt's notice",
+                   "[net][rpc][datagram]", sim_world, tcp_world) {
+    TestType world;
+    host<TestType> server(world, 1), client(world, 2);
+    add_datagram_methods(server);
+    REQUIRE_FALSE(call(world, *client.node, server.keyed_peer(), "echo", {}).ec);
+    const auto peer = server.keyed_peer();
+    server.node.reset(); // its sockets close with it; the host answers for the ports
+    world.settle();
+    INFO(TestType::name);
+    const time_point start = world.now();
+    // Not the three attempts 4, 8 and 16 round trips apart: one, its notice, and a dial
+    // that is refused.
+    CHECK(call(world, *client.node, peer, "echo", {}).ec);
+    const auto c = client.node->statistics();
+    CHECK(c.datagrams_sent == 2);
+    CHECK(c.datagram_refusals == 1);
+    CHECK(c.datagram_fallbacks == 1);
+    if constexpr (std::is_same_v<TestType, sim_world>)
+        CHECK(world.now() - start == 20ms + 20ms); // the notice, then the dial's refusal
 }
 
 TEST_CASE("datagram calls survive loss by sending again", "[net][rpc][datagram]") {

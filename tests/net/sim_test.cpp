@@ -1887,9 +1887,9 @@ TEST_CASE("destroying the network with datagram sockets open is safe", "[net][si
     net2.reset();
 }
 
-TEST_CASE("datagram sends and drops are in the trace", "[net][sim][datagram]") {
+TEST_CASE("datagram sends, drops and notices are in the trace", "[net][sim][datagram]") {
     sim::network_config config;
-    config.trace_log_capacity = 2;
+    config.trace_log_capacity = 3;
     simulation s(1, config);
     const auto a = s.net.add_node();
     const auto b = s.net.add_node();
@@ -1897,10 +1897,135 @@ TEST_CASE("datagram sends and drops are in the trace", "[net][sim][datagram]") {
     send_checked(sa, hivemesh::test::bytes_of("abc"), {b, 99});
     s.time.run();
     const auto log = s.net.trace_log();
-    REQUIRE(log.size() == 2);
+    REQUIRE(log.size() == 3);
     CHECK(log[0] == "0.000000000 datagram_sent 1 0 1 196707"); // port 99 | 3 bytes << 16
     CHECK(log[1] == "0.010000000 datagram_dropped 1 4 0 0");   // no socket at the port
-    CHECK(s.net.events() == 4);
+    CHECK(log[2] == "0.020000000 notice_delivered 1 0 0 0");   // back at the sender
+    CHECK(s.net.events() == 5);
+}
+
+TEST_CASE("a datagram that finds no socket at its port brings a notice back to its sender",
+          "[net][sim][datagram]") {
+    sim::network_config config;
+    config.default_link = {10ms, 0, 0.0};
+    simulation s(1, config);
+    const auto a = s.net.add_node();
+    const auto b = s.net.add_node();
+    auto sa = s.net.open_datagram(a, 1);
+    const auto& stats = s.net.statistics();
+    const auto payload = hivemesh::test::bytes_of("payload");
+    struct notice {
+        std::error_code ec, reported;
+        sim::endpoint about;
+        time_point at;
+    };
+    std::optional<notice> got;
+    auto wait = [&](sim::datagram_socket& socket) {
+        auto about = std::make_shared<sim::endpoint>();
+        socket.async_receive_error(*about,
+                                   [&, about](std::error_code ec, std::error_code reported) {
+                                       got.emplace(notice{ec, reported, *about, s.time.now()});
+                                   });
+    };
+
+    SECTION("one round trip later, naming where the datagram went") {
+        wait(sa);
+        send_checked(sa, payload, {b, 99});
+        s.time.run();
+        REQUIRE(got);
+        CHECK_FALSE(got->ec);
+        CHECK(got->reported == asio::error::connection_refused);
+        CHECK(got->about == sim::endpoint{b, 99});
+        CHECK(got->at == s.start + 20ms);
+        CHECK(stats.notices_delivered == 1);
+        // Queued when nobody waits, in order, and handed to the next wait.
+        send_checked(sa, payload, {b, 7});
+        send_checked(sa, payload, {b, 8});
+        s.time.run();
+        for (const std::uint16_t port : {7, 8}) {
+            got.reset();
+            wait(sa);
+            s.time.run();
+            REQUIRE(got);
+            CHECK(got->about == sim::endpoint{b, port});
+        }
+        CHECK(stats.notices_delivered == 3);
+    }
+
+    SECTION("none from a crashed node, across a partition, or when notices are off") {
+        wait(sa);
+        s.net.crash(b);
+        send_checked(sa, payload, {b, 99});
+        s.time.run();
+        s.net.restart(b);
+        s.net.partition({b});
+        send_checked(sa, payload, {b, 99});
+        s.time.run();
+        s.net.heal();
+        CHECK_FALSE(got);
+        CHECK(stats.notices_delivered == 0);
+
+        sim::network_config quiet = config;
+        quiet.port_unreachable_notices = false;
+        simulation q(1, quiet);
+        const auto qa = q.net.add_node();
+        const auto qb = q.net.add_node();
+        auto socket = q.net.open_datagram(qa, 1);
+        sim::endpoint about;
+        std::optional<std::error_code> ended;
+        socket.async_receive_error(about, [&](std::error_code ec, std::error_code) { ended = ec; });
+        send_checked(socket, payload, {qb, 99});
+        q.time.run();
+        CHECK(q.net.statistics().datagrams_dropped == 1);
+        CHECK(q.net.statistics().notices_delivered == 0);
+        CHECK_FALSE(ended);
+        socket.close();
+        q.time.run();
+        CHECK(ended == std::error_code(asio::error::operation_aborted));
+    }
+
+    SECTION("none to a sender that closed, or crashed and came back, meanwhile") {
+        send_checked(sa, payload, {b, 99});
+        s.time.call_after(15ms, [&] { sa.close(); });
+        s.time.run();
+        auto reopened = s.net.open_datagram(a, 1);
+        wait(reopened);
+        send_checked(reopened, payload, {b, 99});
+        s.time.call_after(15ms, [&] {
+            s.net.crash(a);
+            s.net.restart(a);
+        });
+        s.time.run();
+        REQUIRE(got); // the crash closed the socket: the wait aborted, no notice came
+        CHECK(got->ec == asio::error::operation_aborted);
+        CHECK(stats.notices_delivered == 0);
+    }
+
+    SECTION("close and cancellation end a wait; a second wait is refused") {
+        wait(sa);
+        std::optional<std::error_code> second;
+        sim::endpoint unused;
+        sa.async_receive_error(unused, [&](std::error_code ec, std::error_code) { second = ec; });
+        s.time.run();
+        CHECK(second == std::error_code(asio::error::already_started));
+        sa.close();
+        s.time.run();
+        REQUIRE(got);
+        CHECK(got->ec == asio::error::operation_aborted);
+
+        auto other = s.net.open_datagram(a, 2);
+        asio::cancellation_signal cancel;
+        std::optional<std::error_code> cancelled;
+        other.async_receive_error(
+            unused,
+            asio::bind_cancellation_slot(
+                cancel.slot(), [&](std::error_code ec, std::error_code) { cancelled = ec; }));
+        s.time.run();
+        CHECK_FALSE(cancelled);
+        cancel.emit(asio::cancellation_type::terminal);
+        s.time.run();
+        CHECK(cancelled == std::error_code(asio::error::operation_aborted));
+    }
 }
 
 // ------------------------------------------------------------------------------------

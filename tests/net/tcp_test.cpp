@@ -687,8 +687,8 @@ TEST_CASE("datagram sockets share the listener's port and exchange datagrams", "
         run(io, [&]() -> asio::awaitable<void> {
             const auto token = asio::experimental::as_tuple(asio::use_awaitable);
             const std::string hello = "hello over udp";
-            auto [sent_ec, sent] = co_await client.async_send_to(
-                asio::buffer(hello), served.local_endpoint(), token);
+            auto [sent_ec, sent] =
+                co_await client.async_send_to(asio::buffer(hello), served.local_endpoint(), token);
             REQUIRE_FALSE(sent_ec);
             CHECK(sent == hello.size());
             std::array<char, 65507> buffer;
@@ -720,11 +720,10 @@ TEST_CASE("a pending datagram receive ends on close and on cancellation", "[net]
     tcp::endpoint from;
     std::error_code received = errc::internal_error;
     asio::cancellation_signal signal;
-    socket.async_receive_from(asio::buffer(buffer), from,
-                              asio::bind_cancellation_slot(signal.slot(),
-                                                           [&](std::error_code e, std::size_t) {
-                                                               received = e;
-                                                           }));
+    socket.async_receive_from(
+        asio::buffer(buffer), from,
+        asio::bind_cancellation_slot(signal.slot(),
+                                     [&](std::error_code e, std::size_t) { received = e; }));
     asio::post(io, [&] { signal.emit(asio::cancellation_type::terminal); });
     io.run_for(watchdog);
     CHECK(received == asio::error::operation_aborted);
@@ -744,4 +743,68 @@ TEST_CASE("a pending datagram receive ends on close and on cancellation", "[net]
     io.restart();
     io.run_for(watchdog);
     CHECK(sent == asio::error::bad_descriptor);
+}
+
+TEST_CASE("a datagram to a port nobody holds comes back as connection_refused, naming the port",
+          "[net][tcp]") {
+    asio::io_context io;
+    transport t(io.get_executor());
+    for (const auto& address : {loopback_v4, loopback_v6}) {
+        INFO(address.to_string());
+        std::error_code ec;
+        auto socket = t.open_datagram(tcp::endpoint(address, 0), ec);
+        REQUIRE_FALSE(ec);
+        // Two ports that were just free: nothing holds them now.
+        std::vector<tcp::endpoint> gone;
+        for (int i = 0; i < 2; ++i) {
+            auto held = t.open_datagram(tcp::endpoint(address, 0), ec);
+            REQUIRE_FALSE(ec);
+            gone.push_back(held.local_endpoint());
+        }
+        run(io, [&]() -> asio::awaitable<void> {
+            const auto token = asio::experimental::as_tuple(asio::use_awaitable);
+            // Both errors are queued before the first wait: each is still handed over. The
+            // first one is also pending for the second send, which must not fail for it.
+            for (const auto& to : gone) {
+                auto [sent_ec, sent] =
+                    co_await socket.async_send_to(asio::buffer("x", 1), to, token);
+                CHECK_FALSE(sent_ec);
+            }
+            asio::steady_timer pause(co_await asio::this_coro::executor, 50ms);
+            co_await pause.async_wait(token);
+            for (const auto& to : gone) {
+                tcp::endpoint about;
+                auto [wait_ec, reported] = co_await socket.async_receive_error(about, token);
+                CHECK_FALSE(wait_ec);
+                CHECK(reported == asio::error::connection_refused);
+                CHECK(about == to);
+            }
+            // The datagrams still flow: one to ourselves arrives.
+            auto [sent_ec, sent] =
+                co_await socket.async_send_to(asio::buffer("y", 1), socket.local_endpoint(), token);
+            CHECK_FALSE(sent_ec);
+            std::array<char, 4> buffer{};
+            tcp::endpoint from;
+            std::error_code received;
+            std::size_t n = 0;
+            do { // the kernel may report the refusals here first
+                std::tie(received, n) =
+                    co_await socket.async_receive_from(asio::buffer(buffer), from, token);
+            } while (received == asio::error::connection_refused);
+            CHECK_FALSE(received);
+            CHECK(std::string(buffer.data(), n) == "y");
+        }());
+    }
+
+    // A pending wait ends when the socket closes.
+    std::error_code ec;
+    auto socket = t.open_datagram(tcp::endpoint(loopback_v4, 0), ec);
+    REQUIRE_FALSE(ec);
+    tcp::endpoint about;
+    std::error_code waited = errc::internal_error;
+    socket.async_receive_error(about, [&](std::error_code e, std::error_code) { waited = e; });
+    asio::post(io, [&] { socket.close(); });
+    io.restart();
+    io.run_for(watchdog);
+    CHECK(waited == asio::error::operation_aborted);
 }

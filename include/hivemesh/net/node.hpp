@@ -56,9 +56,13 @@ using namespace std::chrono_literals;
 /// A peer that leaves every attempt unanswered is called by stream for silence_period: at
 /// once if it never answered a datagram (UDP may be blocked on the way), else from its next
 /// call, this one failing with `unreachable` (it answered before, so it is most likely down:
-/// found out in a few of its round trips, where a dial would wait for its timeout). A node's
-/// datagrams use UDP on the address and port of each of its listeners (serve()), and calls
-/// to an address family none of them serves use an ephemeral port of that family.
+/// found out in a few of its round trips, where a dial would wait for its timeout). When the
+/// callee's host says nothing takes datagrams at its port (ICMP port unreachable: the
+/// process is gone, or serves no datagrams), the attempts end at once and the call goes by
+/// stream, whose dial is refused as fast if the peer is gone; such notices are not
+/// authenticated, so they only cut the wait short. A node's datagrams use UDP on the
+/// address and port of each of its listeners (serve()), and calls to an address family
+/// none of them serves use an ephemeral port of that family.
 struct datagram_options {
     /// Off: every call goes by stream and the node opens no datagram socket.
     bool enabled = true;
@@ -183,6 +187,8 @@ struct node_statistics {
     /// to a peer that answered before fails with `unreachable` instead: neither count).
     std::uint64_t datagram_calls = 0;
     std::uint64_t datagram_fallbacks = 0;
+    /// Of the fallbacks, those whose callee's host said no datagram socket was at its port.
+    std::uint64_t datagram_refusals = 0;
 };
 
 /// Who to call: the PeerId the connection must prove, and where to dial if needed.
@@ -563,13 +569,17 @@ private:
 
     /// A datagram call waiting for its reply.
     struct datagram_wait {
-        explicit datagram_wait(const asio::any_io_executor& executor, crypto::public_key key)
+        datagram_wait(const asio::any_io_executor& executor, crypto::public_key key,
+                      endpoint_type to)
             : callee(key)
+            , target(std::move(to))
             , wake(executor) {}
         crypto::public_key callee;
+        endpoint_type target;
         wakeup wake;
         bool answered = false;
         bool by_stream = false; ///< the callee said to call by stream
+        bool refused = false;   ///< the callee's host said no socket is at its port
         byte_buffer reply;      ///< the reply or status message
     };
 
@@ -754,6 +764,10 @@ private:
 
     static asio::awaitable<void> receive_datagrams(state_ptr st,
                                                    std::shared_ptr<datagram_socket_type> port);
+    /// Ends the datagram calls to where `port`'s datagrams found no socket (its
+    /// async_receive_error), so that they go by stream at once.
+    static asio::awaitable<void>
+    receive_datagram_errors(state_ptr st, std::shared_ptr<datagram_socket_type> port);
 
     /// Handles one received datagram (opened in place).
     static void on_datagram(const state_ptr& st, const std::shared_ptr<datagram_socket_type>& port,

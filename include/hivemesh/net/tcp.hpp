@@ -37,6 +37,7 @@
 #include <asio/cancellation_signal.hpp>
 #include <asio/cancellation_type.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/compose.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/error.hpp>
 #include <asio/experimental/as_tuple.hpp>
@@ -45,6 +46,7 @@
 #include <asio/ip/address.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/ip/udp.hpp>
+#include <asio/post.hpp>
 #include <asio/socket_base.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
@@ -396,13 +398,28 @@ public:
     /// Sends `buffers` as one datagram to `to`.
     /// Completion: `void(std::error_code, std::size_t)`. Errors are Asio's (message_size
     /// beyond the kernel's limit, bad_descriptor once closed, network_unreachable, ...); a
-    /// datagram the network loses is no error. Cancellation: as Asio's socket supports.
+    /// datagram the network loses is no error. An error reported about an earlier datagram
+    /// (async_receive_error), which Linux also hands to the socket's next send, does not
+    /// fail this one: that send is made again, at most max_send_attempts in all.
+    /// Cancellation: as Asio's socket supports.
     template <class ConstBufferSequence,
               ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, std::size_t)) Token>
     auto async_send_to(const ConstBufferSequence& buffers, const endpoint_type& to, Token&& token) {
-        return socket_.async_send_to(buffers, asio::ip::udp::endpoint(to.address(), to.port()),
-                                     std::forward<Token>(token));
+        return asio::async_compose<Token, void(std::error_code, std::size_t)>(
+            [this, buffers, to = asio::ip::udp::endpoint(to.address(), to.port()),
+             attempts = 0u](auto& self, std::error_code ec = {}, std::size_t sent = 0) mutable {
+                const bool reported = ec == asio::error::connection_refused ||
+                                      ec == asio::error::host_unreachable ||
+                                      ec == asio::error::network_unreachable;
+                if (attempts == 0 || (reported && attempts < max_send_attempts)) {
+                    ++attempts;
+                    return socket_.async_send_to(buffers, to, std::move(self));
+                }
+                self.complete(ec, sent);
+            },
+            token, socket_);
     }
+    static constexpr unsigned max_send_attempts = 4;
 
     /// Receives the next datagram into `buffers` and its sender into `sender`, which must
     /// stay valid until completion. A datagram longer than the buffers is cut short by the
@@ -422,10 +439,44 @@ public:
             token, buffers, &sender);
     }
 
+    /// Waits for the next error the network reported about a datagram this socket sent
+    /// (an ICMP or ICMPv6 error, or a local one), and sets `destination` to where that
+    /// datagram went. Completion: `void(std::error_code ec, std::error_code reported)`, where
+    /// `reported` is the error (connection_refused: no socket at that port; host_unreachable,
+    /// network_unreachable, ...) and `ec` the wait's own (operation_aborted when closed).
+    /// Such errors are not authenticated and hosts rate-limit them: a hint, not a verdict.
+    /// Cancellation: per-operation, any type; close() completes it with operation_aborted.
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, std::error_code)) Token>
+    auto async_receive_error(endpoint_type& destination, Token&& token) {
+        return asio::async_compose<Token, void(std::error_code, std::error_code)>(
+            [this, to = &destination, started = false](auto& self,
+                                                       std::error_code waited = {}) mutable {
+                if (!started) { // never completes inside the initiating call
+                    started = true;
+                    return asio::post(socket_.get_executor(), std::move(self));
+                }
+                // The queue is read before every wait: the reactor reports only new errors.
+                while (!waited) {
+                    std::error_code reported;
+                    const auto read = read_error(*to, reported);
+                    if (read == asio::error::would_block)
+                        return socket_.async_wait(asio::socket_base::wait_error, std::move(self));
+                    if (read) return self.complete(read, std::error_code{});
+                    if (reported) return self.complete(std::error_code{}, reported);
+                }
+                self.complete(waited, std::error_code{});
+            },
+            token, socket_);
+    }
+
     /// Closes the socket; a pending receive completes with operation_aborted.
     HIVEMESH_DECL void close() noexcept;
 
 private:
+    /// Takes the oldest entry of the socket's error queue without waiting: would_block when
+    /// it is empty; `reported` stays clear for an entry that names no error.
+    HIVEMESH_DECL std::error_code read_error(endpoint_type& destination, std::error_code& reported);
+
     asio::ip::udp::socket socket_;
     endpoint_type local_;
     asio::ip::udp::endpoint source_; ///< where the pending receive's datagram came from

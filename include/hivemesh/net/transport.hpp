@@ -34,8 +34,11 @@ namespace hivemesh::net {
 ///     knows it, zero if it does not (the multiplexer's windows follow it);
 ///   - `datagram_socket_type`, made by `open_datagram(endpoint, ec)`: a datagram socket with
 ///     `async_send_to(buffers, endpoint, token)` and `async_receive_from(buffers, endpoint&,
-///     token)`, both completing with `(error_code, size_t)`, `local_endpoint()`, `is_open()`
-///     and `close()`; `datagram_endpoint_for(remote)`, where a socket that serves nothing
+///     token)`, both completing with `(error_code, size_t)`, `async_receive_error(endpoint&,
+///     token)`, completing with `(error_code, error_code reported)` when the network reports
+///     an error (connection_refused: no socket at the port) about a datagram it sent to that
+///     endpoint, `local_endpoint()`, `is_open()` and `close()`;
+///     `datagram_endpoint_for(remote)`, where a socket that serves nothing
 ///     binds to reach `remote` (remotes for which it is the same, one address family, are
 ///     reached from one socket).
 template <class T>

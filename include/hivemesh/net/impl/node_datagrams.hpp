@@ -22,6 +22,7 @@ auto node<Transport>::open_datagrams(const state_ptr& st, const endpoint_type& l
     if (st->next_datagram_call == 0) // a random start: a restarted node meets no late replies
         randombytes_buf(&st->next_datagram_call, sizeof st->next_datagram_call);
     asio::co_spawn(st->executor, receive_datagrams(st, socket), asio::detached);
+    asio::co_spawn(st->executor, receive_datagram_errors(st, socket), asio::detached);
     return socket;
 }
 
@@ -81,7 +82,7 @@ node<Transport>::datagram_exchange(state_ptr st, const peer& target, const std::
     const byte_buffer datagram = seal_datagram(st, *target.key, payload);
     if (datagram.empty() || datagram.size() > options.max_size) co_return std::nullopt;
 
-    datagram_wait wait(st->executor, *target.key);
+    datagram_wait wait(st->executor, *target.key, target.endpoint);
     st->datagram_calls.emplace(call, &wait);
     struct unregister {
         state* st;
@@ -97,12 +98,13 @@ node<Transport>::datagram_exchange(state_ptr st, const peer& target, const std::
     timer_type timer(st->executor);
     unsigned sent = 0;
     const duration first_sent = detail::timer_now<timer_type>(st->executor);
-    for (; sent < options.attempts && !wait.answered && !st->closed; interval *= 2) {
+    for (; sent < options.attempts && !wait.answered && !wait.refused && !st->closed;
+         interval *= 2) {
         // A send that fails (say, the port's address family cannot reach the target's)
         // would fail again: the call goes by stream at once.
         if (co_await send_datagram(st, port, datagram, target.endpoint)) co_return std::nullopt;
         ++sent;
-        if (wait.answered) break;
+        if (wait.answered || wait.refused) break;
         using namespace asio::experimental::awaitable_operators;
         timer.expires_after(interval);
         co_await (wait.wake.wait() ||
@@ -112,6 +114,10 @@ node<Transport>::datagram_exchange(state_ptr st, const peer& target, const std::
     datagram_peer& remembered = datagram_peer_of(st, target.id);
     if (!wait.answered) {
         remembered.silent_until = transport_now<Transport>(st->executor) + options.silence_period;
+        if (wait.refused) {
+            ++st->statistics.datagram_refusals;
+            co_return std::nullopt;
+        }
         if (remembered.round_trip == duration::zero()) co_return std::nullopt;
         remembered.round_trip = duration::zero(); // it may come back elsewhere
         co_return call_result{errc::unreachable, {}};
@@ -163,6 +169,10 @@ node<Transport>::receive_datagrams(state_ptr st, std::shared_ptr<datagram_socket
         auto [ec, size] = co_await port->async_receive_from(
             asio::buffer(buffer), from, asio::experimental::as_tuple(asio::use_awaitable));
         if (!port->is_open()) co_return;
+        // The kernel also reports here the errors receive_datagram_errors reads in detail.
+        if (ec == asio::error::connection_refused || ec == asio::error::host_unreachable ||
+            ec == asio::error::network_unreachable)
+            continue;
         if (ec && ec != asio::error::message_size) {
             // Nothing arrived (say, no memory for buffers): try again, without spinning.
             pause.expires_after(std::chrono::milliseconds(10));
@@ -183,6 +193,29 @@ node<Transport>::receive_datagrams(state_ptr st, std::shared_ptr<datagram_socket
             }
         }
         on_datagram(st, port, std::span(buffer.data(), size), from);
+    }
+}
+
+template <transport Transport>
+asio::awaitable<void>
+node<Transport>::receive_datagram_errors(state_ptr st, std::shared_ptr<datagram_socket_type> port) {
+    timer_type pause(st->executor);
+    while (port->is_open()) {
+        endpoint_type about;
+        auto [ec, reported] = co_await port->async_receive_error(
+            about, asio::experimental::as_tuple(asio::use_awaitable));
+        if (!port->is_open() || ec == asio::error::operation_not_supported) co_return;
+        if (ec) { // without spinning, as receive_datagrams
+            pause.expires_after(std::chrono::milliseconds(10));
+            co_await pause.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+            continue;
+        }
+        if (reported != asio::error::connection_refused) continue; // a route may come back
+        for (auto& [call, wait] : st->datagram_calls)
+            if (wait->target == about && !wait->answered && !wait->refused) {
+                wait->refused = true;
+                wait->wake.notify();
+            }
     }
 }
 

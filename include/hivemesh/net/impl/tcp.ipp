@@ -12,10 +12,15 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#if defined(__linux__)
+#include <linux/errqueue.h>
+#endif
 #endif
 
+#include <array>
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
@@ -239,11 +244,68 @@ HIVEMESH_DECL datagram_socket::datagram_socket(const executor_type& executor,
     socket_.open(bound.protocol(), ec);
     if (!ec && local.address().is_v6()) socket_.set_option(asio::ip::v6_only(true), ec);
     if (!ec) socket_.bind(bound, ec);
+#if defined(__linux__)
+    // ICMP errors about our datagrams go to the error queue (async_receive_error); without
+    // it the kernel reports none on an unconnected socket. A failure only loses those hints.
+    if (!ec) {
+        const int on = 1;
+        if (local.address().is_v6())
+            (void)::setsockopt(socket_.native_handle(), IPPROTO_IPV6, IPV6_RECVERR, &on, sizeof on);
+        else
+            (void)::setsockopt(socket_.native_handle(), IPPROTO_IP, IP_RECVERR, &on, sizeof on);
+    }
+#endif
     if (!ec) {
         const auto actual = socket_.local_endpoint(ec);
         local_ = endpoint_type(actual.address(), actual.port());
     }
     if (ec) close();
+}
+
+HIVEMESH_DECL std::error_code datagram_socket::read_error(endpoint_type& destination,
+                                                          std::error_code& reported) {
+#if defined(__linux__)
+    sockaddr_storage name{};
+    alignas(cmsghdr) std::array<std::byte, 256> control{};
+    msghdr message{};
+    message.msg_name = &name;
+    message.msg_namelen = sizeof name;
+    message.msg_control = control.data();
+    message.msg_controllen = control.size();
+    // No buffer for the datagram itself: it comes back truncated, which is all we need.
+    if (::recvmsg(socket_.native_handle(), &message, MSG_ERRQUEUE | MSG_DONTWAIT) < 0)
+        return {errno, asio::error::get_system_category()};
+    reported.clear();
+    for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
+        const bool error = (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_RECVERR) ||
+                           (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_RECVERR);
+        if (!error || c->cmsg_len < CMSG_LEN(sizeof(sock_extended_err))) continue;
+        sock_extended_err e;
+        std::memcpy(&e, CMSG_DATA(c), sizeof e);
+        if (e.ee_errno != 0)
+            reported = {static_cast<int>(e.ee_errno), asio::error::get_system_category()};
+    }
+    if (name.ss_family == AF_INET && message.msg_namelen >= sizeof(sockaddr_in)) {
+        sockaddr_in a;
+        std::memcpy(&a, &name, sizeof a);
+        destination =
+            endpoint_type(asio::ip::make_address_v4(ntohl(a.sin_addr.s_addr)), ntohs(a.sin_port));
+    } else if (name.ss_family == AF_INET6 && message.msg_namelen >= sizeof(sockaddr_in6)) {
+        sockaddr_in6 a;
+        std::memcpy(&a, &name, sizeof a);
+        asio::ip::address_v6::bytes_type bytes;
+        std::memcpy(bytes.data(), &a.sin6_addr, bytes.size());
+        destination =
+            endpoint_type(asio::ip::address_v6(bytes, a.sin6_scope_id), ntohs(a.sin6_port));
+    } else {
+        reported.clear(); // no destination to blame
+    }
+    return {};
+#else
+    (void)destination;
+    (void)reported;
+    return asio::error::operation_not_supported;
+#endif
 }
 
 HIVEMESH_DECL void datagram_socket::close() noexcept {

@@ -33,7 +33,13 @@
 // Datagrams (datagram_socket, UDP-like) travel as one segment each, through the same uplink,
 // link and downlink stages and with the same loss draw, but are never sent again: a datagram
 // lost, across a partition, from or to a crashed node, to a port without a datagram socket,
-// or to a socket whose queue holds datagram_queue_bytes or more, is dropped silently.
+// or to a socket whose queue holds datagram_queue_bytes or more, is dropped silently. One
+// that reaches a node that is up but has no datagram socket at its port is answered, as a
+// host's ICMP port unreachable is (unless port_unreachable_notices is off): a notice of
+// notice_size bytes goes back through the same stages, may be lost too, and if the socket
+// that sent the datagram is still open queues connection_refused for its
+// async_receive_error (at most max_queued_notices; later ones are dropped). Real hosts
+// rate-limit these notices; the simulated ones do not.
 // Datagram ports are apart from listening ports, as UDP's are from TCP's.
 //
 // Everything runs on the io_context's single thread, driven by virtual_time's run
@@ -112,6 +118,9 @@ struct network_config {
     /// Bytes of unread datagrams a datagram socket queues; one arriving while its queue holds
     /// this much or more is dropped.
     std::size_t datagram_queue_bytes = std::size_t{256} << 10;
+    /// Whether a datagram to a port without a socket is answered with a notice (see the top
+    /// of this file); off, it is dropped silently, as behind a firewall that filters ICMP.
+    bool port_unreachable_notices = true;
     /// Events kept as text by trace_log() (the most recent ones); 0 keeps none.
     std::size_t trace_log_capacity = 0;
 };
@@ -131,6 +140,7 @@ struct network_statistics {
     std::uint64_t datagrams_delivered = 0; ///< put in the queue of the receiving socket
     /// Lost, across a partition, from or to a crashed node, to no socket, to a full queue.
     std::uint64_t datagrams_dropped = 0;
+    std::uint64_t notices_delivered = 0; ///< port unreachable notices queued at their socket
 };
 
 /// Kinds of trace events. The numbers in a trace line follow the kind's comment.
@@ -163,6 +173,7 @@ enum class trace_kind : std::uint8_t {
     /// datagram reason: 1 lost, 2 unreachable (partition, unknown node), 3 sender or receiver
     /// crashed, 4 no socket at the port, 5 the socket's queue is full
     datagram_dropped,
+    notice_delivered, ///< datagram (the one its sender is told no socket took)
 };
 
 inline const char* to_string(trace_kind kind) noexcept {
@@ -219,6 +230,8 @@ inline const char* to_string(trace_kind kind) noexcept {
         return "datagram_sent";
     case trace_kind::datagram_dropped:
         return "datagram_dropped";
+    case trace_kind::notice_delivered:
+        return "notice_delivered";
     }
     return "unknown";
 }
@@ -365,6 +378,7 @@ struct direction {
 
 using io_completion = pending_completion<std::error_code, std::size_t>;
 using stream_completion = pending_completion<std::error_code, stream>;
+using notice_completion = pending_completion<std::error_code, std::error_code>;
 
 template <class Buffer>
 struct pending_io {
@@ -429,6 +443,10 @@ struct datagram_socket_state {
     std::size_t queued_bytes = 0;
     pending_io<asio::mutable_buffer> receive;
     endpoint* receive_sender = nullptr; ///< the pending receive's `sender`
+    std::deque<endpoint> notices;       ///< where datagrams went that no socket took, unread
+    notice_completion notice_wait;
+    endpoint* notice_destination = nullptr; ///< the pending async_receive_error's
+    std::uint64_t notice_serial = 0;
 };
 
 struct dial_state {
@@ -491,6 +509,12 @@ enum class datagram_drop : std::uint8_t { lost = 1, unreachable, crashed, no_soc
 /// and pending events keep it alive, so it outlives the network object; `closed` says it is
 /// gone.
 struct network_core : std::enable_shared_from_this<network_core> {
+    /// A port unreachable notice on the wire: IPv4 and ICMP headers, and the head of the
+    /// datagram it is about.
+    static constexpr std::size_t notice_size = 56;
+    /// Notices a datagram socket keeps unread, as a kernel's error queue is bounded.
+    static constexpr std::size_t max_queued_notices = 64;
+
     network_core(asio::io_context& io, std::uint64_t seed, const network_config& cfg)
         : executor(io.get_executor())
         , time(asio::use_service<virtual_time>(io))
@@ -576,6 +600,13 @@ struct network_core : std::enable_shared_from_this<network_core> {
                        io_completion completion);
     void deliver_datagram(datagram d);
     void drop_datagram(std::uint64_t id, datagram_drop reason);
+    /// Sends the notice that `d` found no socket back towards its sender.
+    void send_notice(datagram d);
+    void deliver_notice(const datagram& d, std::uint64_t origin_crashes);
+    std::uint64_t begin_notice_wait(datagram_socket_state& s, endpoint* destination,
+                                    notice_completion completion);
+    void service_notice_wait(datagram_socket_state& s);
+    void cancel_notice_wait(datagram_socket_state& s, std::uint64_t serial);
     std::uint64_t begin_receive(datagram_socket_state& s, const mutable_buffers& buffers,
                                 endpoint* sender, io_completion completion);
     void service_receive(datagram_socket_state& s);
@@ -626,6 +657,15 @@ struct arriving_datagram {
     void arrive() { core->deliver_datagram(std::move(d)); }
 };
 
+/// A port unreachable notice on its way back to the socket that sent datagram `d`.
+struct arriving_notice {
+    std::shared_ptr<network_core> core;
+    datagram d;                       ///< its bytes are not kept
+    std::uint64_t origin_crashes = 0; ///< the answering node's crash count when it answered
+    bool wanted() const { return !core->closed; }
+    void arrive() { core->deliver_notice(d, origin_crashes); }
+};
+
 // Cancellation handlers hold only weak references and serial numbers, so a signal emitted
 // after the operation finished (or after everything is gone) does nothing.
 struct io_cancellation {
@@ -656,17 +696,21 @@ struct accept_cancellation {
     std::uint64_t serial;
 };
 
-struct receive_cancellation {
-    receive_cancellation(std::weak_ptr<datagram_socket_state> s, std::uint64_t n)
+/// Cancels a datagram socket's pending receive or notice wait (`Cancel`).
+template <void (network_core::*Cancel)(datagram_socket_state&, std::uint64_t)>
+struct datagram_cancellation {
+    datagram_cancellation(std::weak_ptr<datagram_socket_state> s, std::uint64_t n)
         : state(std::move(s))
         , serial(n) {}
     void operator()(asio::cancellation_type_t type) {
         if (type == asio::cancellation_type::none) return;
-        if (auto s = state.lock()) s->core->cancel_receive(*s, serial);
+        if (auto s = state.lock()) (*s->core.*Cancel)(*s, serial);
     }
     std::weak_ptr<datagram_socket_state> state;
     std::uint64_t serial;
 };
+using receive_cancellation = datagram_cancellation<&network_core::cancel_receive>;
+using notice_cancellation = datagram_cancellation<&network_core::cancel_notice_wait>;
 
 struct dial_cancellation {
     explicit dial_cancellation(std::weak_ptr<dial_state> d)
@@ -1038,6 +1082,35 @@ public:
                     slot.template emplace<detail::receive_cancellation>(state_, serial);
             },
             token, detail::mutable_buffers::from(buffers), &sender);
+    }
+
+    /// Waits for the next notice that a datagram this socket sent found no socket at its
+    /// port (see the top of this file), and sets `destination` to where that datagram
+    /// went. Completion: void(std::error_code ec, std::error_code reported), `reported`
+    /// being connection_refused. Errors (`ec`): operation_aborted when cancelled, closed
+    /// meanwhile or when the node crashes; bad_descriptor on a closed socket;
+    /// network_down when the network is gone; already_started if a wait is pending.
+    /// Cancellation: the handler's slot, any type.
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, std::error_code))
+                  WaitToken = asio::default_completion_token_t<executor_type>>
+    auto
+    async_receive_error(endpoint& destination,
+                        WaitToken&& token = asio::default_completion_token_t<executor_type>()) {
+        return asio::async_initiate<WaitToken, void(std::error_code, std::error_code)>(
+            [this](auto&& handler, endpoint* to) {
+                auto slot = asio::get_associated_cancellation_slot(handler);
+                detail::notice_completion completion(std::forward<decltype(handler)>(handler),
+                                                     executor_);
+                if (!state_) {
+                    completion.post(asio::error::bad_descriptor, {});
+                    return;
+                }
+                const auto serial =
+                    state_->core->begin_notice_wait(*state_, to, std::move(completion));
+                if (serial != 0 && slot.is_connected())
+                    slot.template emplace<detail::notice_cancellation>(state_, serial);
+            },
+            token, &destination);
     }
 
 private:
@@ -1952,9 +2025,14 @@ inline void network_core::close_datagram(datagram_socket_state& s) {
         registry.erase(it);
     s.queue.clear();
     s.queued_bytes = 0;
+    s.notices.clear();
     if (s.receive.completion) {
         s.receive_sender = nullptr;
         finish_io(s.receive, asio::error::operation_aborted, 0);
+    }
+    if (s.notice_wait) {
+        s.notice_destination = nullptr;
+        std::exchange(s.notice_wait, {}).post(asio::error::operation_aborted, {});
     }
 }
 
@@ -2003,7 +2081,11 @@ inline void network_core::deliver_datagram(datagram d) {
     if (!reachable(d.from.node, d.to.node)) return drop_datagram(d.id, datagram_drop::unreachable);
     const auto& sockets = nodes[d.to.node].datagram_sockets;
     const auto it = sockets.find(d.to.port);
-    if (it == sockets.end()) return drop_datagram(d.id, datagram_drop::no_socket);
+    if (it == sockets.end()) {
+        drop_datagram(d.id, datagram_drop::no_socket);
+        if (config.port_unreachable_notices) send_notice(std::move(d));
+        return;
+    }
     auto& s = *it->second;
     if (s.queued_bytes >= config.datagram_queue_bytes)
         return drop_datagram(d.id, datagram_drop::queue_full);
@@ -2016,6 +2098,64 @@ inline void network_core::deliver_datagram(datagram d) {
 inline void network_core::drop_datagram(std::uint64_t id, datagram_drop reason) {
     ++stats.datagrams_dropped;
     record(trace_kind::datagram_dropped, id, static_cast<std::uint64_t>(reason));
+}
+
+inline void network_core::send_notice(datagram d) {
+    const node_id answering = d.to.node;
+    d.bytes = {};
+    const auto& path = link(answering, d.from.node);
+    const auto out = send_out(answering, d.from.node, notice_size);
+    if (draw_loss(path)) return;
+    const auto crashes = nodes[answering].crashes;
+    propagate(d.from.node, notice_size, out, path.latency,
+              arriving_notice{shared_from_this(), std::move(d), crashes});
+}
+
+inline void network_core::deliver_notice(const datagram& d, std::uint64_t origin_crashes) {
+    // Lost with a crash of either end meanwhile, across a partition, or with the socket.
+    auto& sender = nodes[d.from.node];
+    if (nodes[d.to.node].crashes != origin_crashes || !sender.up ||
+        sender.crashes != d.sender_crashes || !reachable(d.to.node, d.from.node))
+        return;
+    const auto it = sender.datagram_sockets.find(d.from.port);
+    if (it == sender.datagram_sockets.end()) return;
+    auto& s = *it->second;
+    if (s.notices.size() >= max_queued_notices) return;
+    ++stats.notices_delivered;
+    record(trace_kind::notice_delivered, d.id);
+    s.notices.push_back(d.to);
+    service_notice_wait(s);
+}
+
+inline std::uint64_t network_core::begin_notice_wait(datagram_socket_state& s,
+                                                     endpoint* destination,
+                                                     notice_completion completion) {
+    const std::error_code refused = closed          ? asio::error::network_down
+                                    : !s.open       ? asio::error::bad_descriptor
+                                    : s.notice_wait ? asio::error::already_started
+                                                    : std::error_code{};
+    if (refused) {
+        completion.post(refused, {});
+        return 0;
+    }
+    s.notice_wait = std::move(completion);
+    s.notice_destination = destination;
+    s.notice_serial = next_serial++;
+    service_notice_wait(s);
+    return s.notice_wait ? s.notice_serial : 0;
+}
+
+inline void network_core::service_notice_wait(datagram_socket_state& s) {
+    if (!s.notice_wait || s.notices.empty()) return;
+    *std::exchange(s.notice_destination, nullptr) = s.notices.front();
+    s.notices.pop_front();
+    std::exchange(s.notice_wait, {}).post({}, asio::error::connection_refused);
+}
+
+inline void network_core::cancel_notice_wait(datagram_socket_state& s, std::uint64_t serial) {
+    if (closed || !s.notice_wait || s.notice_serial != serial) return;
+    s.notice_destination = nullptr;
+    std::exchange(s.notice_wait, {}).post(asio::error::operation_aborted, {});
 }
 
 inline std::uint64_t network_core::begin_receive(datagram_socket_state& s,
