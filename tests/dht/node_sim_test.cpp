@@ -161,6 +161,50 @@ TEST_CASE("1000 peers: every key is found, lookups take few rounds, 30% may cras
     CHECK(survived >= key_count * 99 / 100);
 }
 
+TEST_CASE("300 peers: when 30% of their processes exit, their hosts up, every key is found "
+          "and no get waits out a departed peer's retries",
+          "[dht][sim][swarm]") {
+    sim_swarm s;
+    s.options.storage.max_lifetime = 24h;
+    build(s, 300);
+    constexpr std::size_t key_count = 300;
+    CHECK(store_keys(s, key_count, s.world.now() + 24h) == key_count);
+    CHECK(find_keys(s, key_count) == key_count); // every peer has met many others by now
+    std::set<std::size_t> gone;
+    while (gone.size() < 90)
+        gone.insert(s.random_member());
+    for (const auto i : gone) { // the process exits: its sockets close, its host stays
+        s.members[i].dht->close();
+        s.members[i].rpc->close_now();
+    }
+    s.world.settle();
+    // One get at a time, each timed. With 5 ms links, a departed peer that had answered
+    // costs 4 + 8 + 16 of its round trips (280 ms) of retries unless its host's notice ends
+    // the wait after one (10 ms).
+    std::size_t found = 0;
+    duration slowest{};
+    for (std::size_t k = 0; k < key_count; ++k) {
+        std::size_t from = s.random_member();
+        while (gone.contains(from))
+            from = s.random_member();
+        std::size_t pending = 1;
+        const time_point start = s.world.now();
+        s.members[from].dht->async_get(
+            key_of(k), {}, [&, k](std::error_code ec, dht::key_entry entry) {
+                if (!ec && entry.plain && entry.plain->value == value_of(k)) ++found;
+                --pending;
+            });
+        test::wait_all(s.world, pending);
+        slowest = std::max(slowest, s.world.now() - start);
+    }
+    const auto slowest_ms = std::chrono::duration_cast<std::chrono::milliseconds>(slowest);
+    WARN("300 peers, 90 gone: found " << found << "/" << key_count << ", slowest get "
+                                      << slowest_ms.count() << " ms");
+    CHECK(found == key_count);
+    CHECK(slowest < 250ms);
+    CHECK(s.world.network.statistics().notices_delivered > 0);
+}
+
 TEST_CASE("two halves that grew apart during a partition join into one swarm after it",
           "[dht][sim][swarm]") {
     sim_swarm s;
