@@ -182,30 +182,6 @@ private:
     Handler handler_;
 };
 
-/// A datagram receive's completion handler: sets the caller's TCP-typed sender endpoint
-/// from the UDP one and forwards every association to the user's handler.
-template <class Handler>
-class receive_completion {
-public:
-    receive_completion(Handler handler, const asio::ip::udp::endpoint& source,
-                       asio::ip::tcp::endpoint& sender)
-        : handler_(std::move(handler))
-        , source_(&source)
-        , sender_(&sender) {}
-
-    void operator()(std::error_code ec, std::size_t size) {
-        *sender_ = asio::ip::tcp::endpoint(source_->address(), source_->port());
-        std::move(handler_)(ec, size);
-    }
-
-    const Handler& handler() const noexcept { return handler_; }
-
-private:
-    Handler handler_;
-    const asio::ip::udp::endpoint* source_;
-    asio::ip::tcp::endpoint* sender_;
-};
-
 HIVEMESH_DECL asio::awaitable<bool> cancellation_requested();
 
 /// Connects `socket` to `target` unless `deadline` expires first. The timer keeps its
@@ -408,10 +384,7 @@ public:
         return asio::async_compose<Token, void(std::error_code, std::size_t)>(
             [this, buffers, to = asio::ip::udp::endpoint(to.address(), to.port()),
              attempts = 0u](auto& self, std::error_code ec = {}, std::size_t sent = 0) mutable {
-                const bool reported = ec == asio::error::connection_refused ||
-                                      ec == asio::error::host_unreachable ||
-                                      ec == asio::error::network_unreachable;
-                if (attempts == 0 || (reported && attempts < max_send_attempts)) {
+                if (attempts == 0 || (reports_earlier(ec) && attempts < max_send_attempts)) {
                     ++attempts;
                     return socket_.async_send_to(buffers, to, std::move(self));
                 }
@@ -423,20 +396,26 @@ public:
 
     /// Receives the next datagram into `buffers` and its sender into `sender`, which must
     /// stay valid until completion. A datagram longer than the buffers is cut short by the
-    /// kernel without an error: give 65,507 bytes to receive any.
+    /// kernel without an error: give 65,507 bytes to receive any. Errors reported about
+    /// datagrams sent earlier, which Linux also hands to a receive, are not this one's: it
+    /// goes on waiting (async_receive_error reads them).
     /// Completion: `void(std::error_code, std::size_t)`. Cancellation: per-operation, any
     /// type; close() completes it with operation_aborted.
     template <class MutableBufferSequence,
               ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, std::size_t)) Token>
     auto async_receive_from(const MutableBufferSequence& buffers, endpoint_type& sender,
                             Token&& token) {
-        return asio::async_initiate<Token, void(std::error_code, std::size_t)>(
-            [this](auto handler, const MutableBufferSequence& buffers, endpoint_type* sender) {
-                socket_.async_receive_from(
-                    buffers, source_,
-                    detail::receive_completion(std::move(handler), source_, *sender));
+        return asio::async_compose<Token, void(std::error_code, std::size_t)>(
+            [this, buffers, from = &sender, started = false](auto& self, std::error_code ec = {},
+                                                             std::size_t size = 0) mutable {
+                if (!started || reports_earlier(ec)) {
+                    started = true;
+                    return socket_.async_receive_from(buffers, source_, std::move(self));
+                }
+                *from = endpoint_type(source_.address(), source_.port());
+                self.complete(ec, size);
             },
-            token, buffers, &sender);
+            token, socket_);
     }
 
     /// Waits for the next error the network reported about a datagram this socket sent
@@ -473,6 +452,13 @@ public:
     HIVEMESH_DECL void close() noexcept;
 
 private:
+    /// Whether `ec` is an error Linux reported about an earlier datagram (an ICMP one, with
+    /// IP_RECVERR set), which it also hands to the socket's next send or receive.
+    static bool reports_earlier(const std::error_code& ec) noexcept {
+        return ec == asio::error::connection_refused || ec == asio::error::host_unreachable ||
+               ec == asio::error::network_unreachable;
+    }
+
     /// Takes the oldest entry of the socket's error queue without waiting: would_block when
     /// it is empty; `reported` stays clear for an entry that names no error.
     HIVEMESH_DECL std::error_code read_error(endpoint_type& destination, std::error_code& reported);
@@ -612,16 +598,6 @@ struct asio::associator<Associator, hivemesh::net::tcp::detail::dial_completion<
                         DefaultCandidate> {
     using type = typename Associator<Handler, DefaultCandidate>::type;
     static type get(const hivemesh::net::tcp::detail::dial_completion<Handler>& h,
-                    const DefaultCandidate& c = DefaultCandidate()) noexcept {
-        return Associator<Handler, DefaultCandidate>::get(h.handler(), c);
-    }
-};
-
-template <template <typename, typename> class Associator, class Handler, class DefaultCandidate>
-struct asio::associator<Associator, hivemesh::net::tcp::detail::receive_completion<Handler>,
-                        DefaultCandidate> {
-    using type = typename Associator<Handler, DefaultCandidate>::type;
-    static type get(const hivemesh::net::tcp::detail::receive_completion<Handler>& h,
                     const DefaultCandidate& c = DefaultCandidate()) noexcept {
         return Associator<Handler, DefaultCandidate>::get(h.handler(), c);
     }

@@ -169,10 +169,6 @@ node<Transport>::receive_datagrams(state_ptr st, std::shared_ptr<datagram_socket
         auto [ec, size] = co_await port->async_receive_from(
             asio::buffer(buffer), from, asio::experimental::as_tuple(asio::use_awaitable));
         if (!port->is_open()) co_return;
-        // The kernel also reports here the errors receive_datagram_errors reads in detail.
-        if (ec == asio::error::connection_refused || ec == asio::error::host_unreachable ||
-            ec == asio::error::network_unreachable)
-            continue;
         if (ec && ec != asio::error::message_size) {
             // Nothing arrived (say, no memory for buffers): try again, without spinning.
             pause.expires_after(std::chrono::milliseconds(10));

@@ -265,11 +265,11 @@ HIVEMESH_DECL datagram_socket::datagram_socket(const executor_type& executor,
 HIVEMESH_DECL std::error_code datagram_socket::read_error(endpoint_type& destination,
                                                           std::error_code& reported) {
 #if defined(__linux__)
-    sockaddr_storage name{};
+    asio::ip::udp::endpoint to; // where the datagram went, as the kernel gives it
     alignas(cmsghdr) std::array<std::byte, 256> control{};
     msghdr message{};
-    message.msg_name = &name;
-    message.msg_namelen = sizeof name;
+    message.msg_name = to.data();
+    message.msg_namelen = static_cast<socklen_t>(to.capacity());
     message.msg_control = control.data();
     message.msg_controllen = control.size();
     // No buffer for the datagram itself: it comes back truncated, which is all we need.
@@ -285,21 +285,12 @@ HIVEMESH_DECL std::error_code datagram_socket::read_error(endpoint_type& destina
         if (e.ee_errno != 0)
             reported = {static_cast<int>(e.ee_errno), asio::error::get_system_category()};
     }
-    if (name.ss_family == AF_INET && message.msg_namelen >= sizeof(sockaddr_in)) {
-        sockaddr_in a;
-        std::memcpy(&a, &name, sizeof a);
-        destination =
-            endpoint_type(asio::ip::make_address_v4(ntohl(a.sin_addr.s_addr)), ntohs(a.sin_port));
-    } else if (name.ss_family == AF_INET6 && message.msg_namelen >= sizeof(sockaddr_in6)) {
-        sockaddr_in6 a;
-        std::memcpy(&a, &name, sizeof a);
-        asio::ip::address_v6::bytes_type bytes;
-        std::memcpy(bytes.data(), &a.sin6_addr, bytes.size());
-        destination =
-            endpoint_type(asio::ip::address_v6(bytes, a.sin6_scope_id), ntohs(a.sin6_port));
-    } else {
+    if (message.msg_namelen == 0 || message.msg_namelen > to.capacity()) {
         reported.clear(); // no destination to blame
+        return {};
     }
+    to.resize(message.msg_namelen);
+    destination = endpoint_type(to.address(), to.port());
     return {};
 #else
     (void)destination;

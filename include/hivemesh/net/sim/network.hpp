@@ -606,6 +606,7 @@ struct network_core : std::enable_shared_from_this<network_core> {
     std::uint64_t begin_notice_wait(datagram_socket_state& s, endpoint* destination,
                                     notice_completion completion);
     void service_notice_wait(datagram_socket_state& s);
+    void finish_notice_wait(datagram_socket_state& s, std::error_code ec, std::error_code reported);
     void cancel_notice_wait(datagram_socket_state& s, std::uint64_t serial);
     std::uint64_t begin_receive(datagram_socket_state& s, const mutable_buffers& buffers,
                                 endpoint* sender, io_completion completion);
@@ -2030,10 +2031,7 @@ inline void network_core::close_datagram(datagram_socket_state& s) {
         s.receive_sender = nullptr;
         finish_io(s.receive, asio::error::operation_aborted, 0);
     }
-    if (s.notice_wait) {
-        s.notice_destination = nullptr;
-        std::exchange(s.notice_wait, {}).post(asio::error::operation_aborted, {});
-    }
+    if (s.notice_wait) finish_notice_wait(s, asio::error::operation_aborted, {});
 }
 
 inline void network_core::close_datagram_sockets(node_state& n) {
@@ -2147,15 +2145,20 @@ inline std::uint64_t network_core::begin_notice_wait(datagram_socket_state& s,
 
 inline void network_core::service_notice_wait(datagram_socket_state& s) {
     if (!s.notice_wait || s.notices.empty()) return;
-    *std::exchange(s.notice_destination, nullptr) = s.notices.front();
+    *s.notice_destination = s.notices.front();
     s.notices.pop_front();
-    std::exchange(s.notice_wait, {}).post({}, asio::error::connection_refused);
+    finish_notice_wait(s, {}, asio::error::connection_refused);
 }
 
 inline void network_core::cancel_notice_wait(datagram_socket_state& s, std::uint64_t serial) {
     if (closed || !s.notice_wait || s.notice_serial != serial) return;
+    finish_notice_wait(s, asio::error::operation_aborted, {});
+}
+
+inline void network_core::finish_notice_wait(datagram_socket_state& s, std::error_code ec,
+                                             std::error_code reported) {
     s.notice_destination = nullptr;
-    std::exchange(s.notice_wait, {}).post(asio::error::operation_aborted, {});
+    std::exchange(s.notice_wait, {}).post(ec, reported);
 }
 
 inline std::uint64_t network_core::begin_receive(datagram_socket_state& s,
