@@ -73,11 +73,11 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
     } ended{r, slot};
     // A pipeline: part p + 1 is compressed while part p is being written, into the
     // buffer of part p - 1 once the stream has let go of it (always an empty one).
-    // Uncompressed, only its head is and the values go out from where they are: their
-    // check then runs here, so the write finds them in this core's cache.
+    // Uncompressed, only its head is, just before its write, and the values go out from
+    // where they are: their check then runs here, so the write finds them in this core's
+    // cache (checked a part ahead, they would have left it).
     const bool borrowing = r.codec_to(k) == compression::kind::none &&
                            compression::none_payload_is_native && !r.hooks().rewrite_sent;
-    const auto packer = borrowing ? std::nullopt : r.st->compute;
     auto next = std::make_shared<byte_buffer>();
     std::span<const float> next_borrowed;
     std::shared_ptr<byte_buffer> spare;
@@ -109,7 +109,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
         }
         packed = compression::compress_into(codec, values, *next, codec_options);
     };
-    if (parts > 0) co_await offload(packer, pack);
+    if (parts > 0 && !borrowing) co_await offload(r.st->compute, pack);
     for (std::size_t p = 0; p < parts; ++p) {
         while (!r.aborted && slot.active && r.paced_out(k, p)) {
             slot.pacing = true;
@@ -120,6 +120,10 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
             if (waited && waited != errc::timeout) break;
         }
         if (r.hooks().before_send) co_await r.sleep(r.hooks().before_send(k, p));
+        if (borrowing) {
+            next_part = p;
+            pack();
+        }
         if (packed == errc::non_finite_input) r.abort(errc::invalid_argument);
         if (packed || r.aborted || !slot.active) {
             stream.cancel(errc::cancelled);
@@ -135,9 +139,9 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
         auto writing =
             borrowed.empty() ? stream.write(message) : stream.write_borrowed(*message, borrowed);
         std::error_code written;
-        if (p + 1 < parts) {
+        if (p + 1 < parts && !borrowing) {
             next_part = p + 1;
-            auto packing = offload(packer, pack);
+            auto packing = offload(r.st->compute, pack);
             written = co_await (std::move(writing) && std::move(packing));
         } else {
             written = co_await std::move(writing);
