@@ -282,9 +282,9 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
     // On loopback (every peer the launcher started; they bootstrap with --bootstrap, not
     // --join) the whole swarm is known: a group of every peer forms at once, also while a
     // killed peer's record still counts (the optimizer's own rule waits for every peer its
-    // tracker counts). The trackers and matchmakers read the DHT more often than over the
-    // internet, so that even the first epoch, before anyone knows the others' rates, ends
-    // soon after the swarm reaches the target.
+    // tracker counts until that record is two epochs behind). The trackers and matchmakers
+    // read the DHT more often than over the internet, so that even the first epoch, before
+    // anyone knows the others' rates, ends soon after the swarm reaches the target.
     if (!o.multi_host()) {
         co.averaging.target_group_size = std::max<std::size_t>(2, o.peers);
         co.tracking.min_refresh = 100ms;

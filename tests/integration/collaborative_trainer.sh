@@ -59,12 +59,12 @@ swarm)
   [ -s "$dir/report/metrics.csv" ] || fail "no metrics.csv"
   ;;
 killed)
-  train --epochs 40 --kill 2@6
+  train --epochs 40 --kill 2@3
   "$checker" "$dir/report/report.json" --min-accuracy 0.70 --finished 2 --live 2 \
     --killed 2 --min-attributed 0
   ;;
 churn)
-  train --epochs 30 --churn 6
+  train --epochs 30 --churn 2
   "$checker" "$dir/report/report.json" --min-accuracy 0.70 --finished 2 --live 3 \
     --replacements 1 --min-attributed 0
   ;;

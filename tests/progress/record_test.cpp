@@ -327,6 +327,32 @@ TEST_CASE("the global estimate follows its formulas", "[progress][estimate]") {
             CHECK(stuck.estimated_samples - rest.estimated_samples == Approx(8).epsilon(1e-9));
         }
     }
+    SECTION("a record more than one epoch behind, in a read after this peer entered its epoch, "
+            "is behind: its rate does not count") {
+        // At local epoch 6, entered 1 s ago: the record at 4 is two epochs back.
+        const auto read_after =
+            progress::estimate_global_progress(records, 6, now, o, now - 1s, now - 500ms);
+        CHECK(read_after.num_peers == 5);
+        CHECK(read_after.num_behind == 1);
+        CHECK(read_after.num_keeping_up() == 4);
+        CHECK(read_after.samples_per_second == 60); // 10 + 20 + 30 + 0, not the 40
+        // The records at 5 count from the read, 0.5 s: 10 · 0.5 + 20 · 0.5 samples (the
+        // client's report is in the future). (1015 − 15) / 60 s, rounded up:
+        CHECK(read_after.eta == now + 16666666667ns);
+        // A read from before this peer entered the epoch may lag a peer that kept up.
+        for (const auto read_at : {now - 2s, time_point::min()}) {
+            const auto read_before =
+                progress::estimate_global_progress(records, 6, now, o, now - 1s, read_at);
+            CHECK(read_before.num_behind == 0);
+            CHECK(read_before.num_keeping_up() == 5);
+            CHECK(read_before.samples_per_second == 100);
+        }
+        // One epoch back is not behind: at local epoch 5, the record at 4 counts.
+        const auto one_back =
+            progress::estimate_global_progress(records, 5, now, o, now - 1s, now - 500ms);
+        CHECK(one_back.num_behind == 0);
+        CHECK(one_back.samples_per_second == 100);
+    }
     SECTION("a slow swarm far from its target refreshes at the maximum period") {
         const std::vector<progress::progress_record> slow{{0, 0, 1, now, false}};
         const auto g3 = progress::estimate_global_progress(slow, 0, now, o);

@@ -85,7 +85,7 @@ struct global_training_progress {
     /// When the extrapolated samples reach target_batch_size; time_point::max() if never
     /// (nobody makes progress); `estimated_at` if already reached.
     time_point eta = time_point::max();
-    /// The samples per second of every counted peer, whatever its epoch.
+    /// The samples per second of the counted peers but those behind (num_behind).
     double samples_per_second = 0;
     /// Peers with a live record (this one included when it reports samples), and how many of
     /// them are clients.
@@ -93,11 +93,19 @@ struct global_training_progress {
     std::size_t num_clients = 0;
     /// Of num_peers, those whose record is at an epoch after the local one.
     std::size_t num_ahead = 0;
+    /// Of num_peers, those whose record a read made after this peer entered its epoch still
+    /// found more than one epoch behind it: such a peer loads the state before it takes part
+    /// again, or it is gone and its record has not expired yet (a crashed peer's lasts
+    /// record_expiration).
+    std::size_t num_behind = 0;
     /// When this estimate was made, and when the tracker reads the DHT next.
     time_point estimated_at{};
     time_point next_fetch{};
     /// Grows by one with every new estimate (see tracker::async_wait_for_update).
     std::uint64_t version = 0;
+
+    /// The peers that may take part in a round of this peer's epoch, this one included.
+    std::size_t num_keeping_up() const noexcept { return num_peers - num_behind; }
 
     /// True when a peer at `local_epoch` may end its epoch at `now`: another peer is already
     /// at a later epoch, the reported samples reach the target, or the ETA has passed.
@@ -144,8 +152,12 @@ inline double finite_or_max(double x) noexcept {
 ///     others' new records would end its epoch only when its own samples reach the target.)
 ///     But a read after this peer entered E that still found the record at E − 1 shows that
 ///     its peer had not moved then (e.g. it was still averaging): it counts from that read;
-///   - samples_per_second R = Σ samples/s over all records (peers behind will catch up and
-///     contribute);
+///   - behind (num_behind): the records more than one epoch before local_epoch, when the
+///     read began after this peer entered its epoch (read_at ≥ epoch_started; before that, a
+///     record may lag a peer that kept up): such a peer adds nothing to E before it has
+///     loaded the state, and a crashed one never does, while its record lives on until it
+///     expires;
+///   - samples_per_second R = Σ samples/s over the records not behind;
 ///   - eta = now + max(0, target − estimated_samples) / R, rounded up to a nanosecond (now if
 ///     the target is reached; never if R = 0);
 ///   - next_fetch = now + clamp((eta − now) · n / m, min_refresh, max_refresh) with n records
@@ -171,6 +183,10 @@ estimate_global_progress(std::span<const progress_record> records, std::uint64_t
         ++g.num_peers;
         if (r.client) ++g.num_clients;
         if (r.epoch > local_epoch) ++g.num_ahead;
+        if (local_epoch > 1 && r.epoch < local_epoch - 1 && read_at >= epoch_started) {
+            ++g.num_behind;
+            continue;
+        }
         g.samples_per_second = detail::finite_or_max(g.samples_per_second + r.samples_per_second);
         if (r.epoch != g.epoch) {
             const bool one_behind =

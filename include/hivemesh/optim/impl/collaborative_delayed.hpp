@@ -100,7 +100,7 @@ asio::awaitable<void> collaborative_optimizer<Transport>::apply_delayed(shared_p
     }
     report.update_applied = true;
     if (d->state_due) {
-        const bool alone = st->tracker.global_progress().num_peers <= 1;
+        const bool alone = st->tracker.global_progress().num_keeping_up() <= 1;
         co_await average_state(st, d->epoch, alone, report);
     }
     co_await publish_served_state(st);

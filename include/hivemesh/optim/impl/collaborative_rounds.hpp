@@ -22,10 +22,11 @@ std::size_t collaborative_optimizer<Transport>::expected_members(const shared& s
     // end of matchmaking_time, which may come long after the end of a short epoch. Without
     // the delayed modes a peer enters the next epoch only after its rounds, so a peer already
     // there is not coming (e.g. one half of a healed partition, an epoch ahead of the other).
+    // Nor are the peers more than an epoch behind: they load the state first, or are gone.
     // With a Moshpit key the peers spread over several groups, and the count says nothing.
     if (st.options.averaging.group_key_length != 0) return 0;
     const auto global = st.tracker.global_progress();
-    return st.delayed() ? global.num_peers : global.num_peers - global.num_ahead;
+    return st.delayed() ? global.num_keeping_up() : global.num_keeping_up() - global.num_ahead;
 }
 
 template <net::transport Transport>

@@ -165,7 +165,7 @@ template <net::transport Transport>
 void collaborative_optimizer<Transport>::maybe_schedule(const shared_ptr& st) {
     if (st->closed || !st->options.schedule_ahead) return;
     const auto global = st->tracker.global_progress();
-    if (global.num_peers <= 1 || global.eta == time_point::max() ||
+    if (global.num_keeping_up() <= 1 || global.eta == time_point::max() ||
         st->now() + st->options.matchmaking_time < global.eta)
         return;
     // The averager of a round still running in the background is busy.
@@ -275,7 +275,7 @@ asio::awaitable<void> collaborative_optimizer<Transport>::end_epoch(shared_ptr s
     const auto global = st->tracker.global_progress();
     const std::uint64_t epoch = st->epoch.load();
     const std::uint64_t next = std::max(epoch + 1, global.epoch);
-    const bool alone = global.num_peers <= 1;
+    const bool alone = global.num_keeping_up() <= 1;
     const bool aux = st->role == averaging::member_role::aux;
     const rounds_due due = rounds_at(*st, next);
     report.epoch_ended = true;
