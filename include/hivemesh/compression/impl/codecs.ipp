@@ -212,17 +212,30 @@ HIVEMESH_DECL float block_absmax(std::span<const float> block) noexcept {
 }
 
 #ifdef HIVEMESH_X86
+/// All ones in the lanes of the 8 floats at `at` that are NaN or infinite.
+__attribute__((target("avx2"))) inline __m256i non_finite_lanes(const __m256i* at) noexcept {
+    const __m256i exponent = _mm256_set1_epi32(static_cast<int>(exponent_bits));
+    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256(at), exponent), exponent);
+}
+
 __attribute__((target("avx2"))) HIVEMESH_DECL bool all_finite_avx2(const std::byte* bytes,
                                                                    std::size_t n) noexcept {
-    const __m256i exponent = _mm256_set1_epi32(static_cast<int>(exponent_bits));
-    __m256i bad = _mm256_setzero_si256();
-    std::size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + 4 * i));
-        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), exponent));
+    const auto* at = reinterpret_cast<const __m256i*>(bytes);
+    // Four accumulators: with one, each OR waits for the last, which halves the rate on
+    // data in L1 or L2 (where a received part is checked).
+    __m256i bad0 = _mm256_setzero_si256(), bad1 = bad0, bad2 = bad0, bad3 = bad0;
+    std::size_t v = 0; // in vectors of 8
+    for (; 8 * (v + 4) <= n; v += 4) {
+        bad0 = _mm256_or_si256(bad0, non_finite_lanes(at + v));
+        bad1 = _mm256_or_si256(bad1, non_finite_lanes(at + v + 1));
+        bad2 = _mm256_or_si256(bad2, non_finite_lanes(at + v + 2));
+        bad3 = _mm256_or_si256(bad3, non_finite_lanes(at + v + 3));
     }
-    bool finite = _mm256_testz_si256(bad, bad) != 0;
-    for (; i < n; ++i) {
+    for (; 8 * (v + 1) <= n; ++v)
+        bad0 = _mm256_or_si256(bad0, non_finite_lanes(at + v));
+    const __m256i any = _mm256_or_si256(_mm256_or_si256(bad0, bad1), _mm256_or_si256(bad2, bad3));
+    bool finite = _mm256_testz_si256(any, any) != 0;
+    for (std::size_t i = 8 * v; i < n; ++i) {
         std::uint32_t bits;
         std::memcpy(&bits, bytes + 4 * i, 4);
         finite &= (bits & exponent_bits) != exponent_bits;
