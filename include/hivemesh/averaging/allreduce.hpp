@@ -39,8 +39,11 @@
 //
 // Threads: the round's bookkeeping runs on the RPC node's executor; compression,
 // decompression and reduction run on the `compute` executor when one is given (a reducer's
-// additions through a strand), so io threads stay free. Without one, everything runs on the
-// node's executor (the right choice for the one-threaded simulated network).
+// additions through a strand), so io threads stay free. A round in which every link is fast
+// enough for `none` (codec_for_link) does its part work on the node's executor too: each
+// part is then one pass over memory, about what a hand-off to the pool and back costs.
+// Without a `compute` executor everything runs on the node's executor (the right choice for
+// the one-threaded simulated network).
 #pragma once
 
 #include "hivemesh/averaging/allreduce_wire.hpp"
@@ -147,7 +150,7 @@ struct allreduce_hooks {
     /// span or, when `reducer` is this peer, of the averages of part `part` of its own span
     /// returned to every sender (its own values keep the true ones). A codec that cannot
     /// encode a NaN or infinity refuses it as it would our own. Called where the part is
-    /// compressed: on the compute executor when there is one.
+    /// compressed: on the compute executor when the round uses it (see Threads above).
     std::function<void(std::size_t reducer, std::size_t part, std::span<float> values)>
         rewrite_sent;
 };
@@ -336,9 +339,10 @@ public:
     using completion_signature = void(std::error_code, allreduce_result);
 
     /// Serves `options.method` on `rpc`, which must outlive this service. `compute` runs
-    /// compression and reduction (e.g. an asio::thread_pool's executor); without one they
-    /// run on the node's executor. Throws std::invalid_argument for a part_size_bytes below 4
-    /// or a max_norm_ratio other than 0 or a finite number of at least 1.
+    /// compression and reduction (e.g. an asio::thread_pool's executor) except in rounds
+    /// that compress nothing; without one they run on the node's executor. Throws
+    /// std::invalid_argument for a part_size_bytes below 4 or a max_norm_ratio other than 0
+    /// or a finite number of at least 1.
     explicit allreduce_service(rpc_node_type& rpc, allreduce_options options = {},
                                std::optional<asio::any_io_executor> compute = std::nullopt)
         : state_(std::make_shared<service_state>(rpc, std::move(options), std::move(compute))) {

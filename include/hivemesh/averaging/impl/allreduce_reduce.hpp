@@ -161,7 +161,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::finish_part(std::size
                 ec = compression::compress_into(codec, hostile, message, o.codec_options);
             }
         };
-        co_await offload(st->reduce, average);
+        co_await offload(part_reduce, average);
         if (refuse_local_values()) co_return;
     }
     for (const std::size_t j : staged) {
@@ -272,7 +272,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_parts(std::share
                 refused = compression::decompress_norm(part.payload, range.size, norm, values);
             };
             s.busy = true;
-            co_await offload(r.st->compute, screen);
+            co_await offload(r.part_compute, screen);
             s.busy = false;
         } else {
             auto add = [&] {
@@ -282,7 +282,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_parts(std::share
                                                       static_cast<float>(s.weight), values);
             };
             s.busy = true;
-            co_await offload(r.st->reduce, add);
+            co_await offload(r.part_reduce, add);
             s.busy = false;
             if (r.refuse_local_values()) break;
         }

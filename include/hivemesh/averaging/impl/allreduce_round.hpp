@@ -68,6 +68,9 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
 
     state_ptr st;
     asio::any_io_executor io;
+    /// Where this round's parts are encoded, decoded and reduced (see part_work_inline).
+    std::optional<asio::any_io_executor> part_compute;
+    std::optional<asio::any_io_executor> part_reduce;
     group_type group;
     std::size_t me;
     std::vector<std::size_t> span_sizes;
@@ -135,6 +138,16 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
             if (j == me || sends_values(group.members[j].role))
                 rate = detail::slower_link(rate, group.members[j].bandwidth);
         return codec_for_link(st->options, rate);
+    }
+    /// True when every link of the group is fast enough for `none` (codec_for_link picks
+    /// the compressing codec only below a rate, so the slowest known link decides). A part
+    /// is then one pass over memory, which costs about what handing it to the compute pool
+    /// and back costs, so the round does its part work on the io executor.
+    bool part_work_inline() const {
+        double rate = 0;
+        for (const auto& m : group.members)
+            rate = detail::slower_link(rate, m.bandwidth);
+        return codec_for_link(st->options, rate) == compression::kind::none;
     }
     time_point now() const { return st->now(); }
     const allreduce_hooks& hooks() const { return st->hooks; }
@@ -351,6 +364,10 @@ allreduce_service<Transport>::round::run(std::shared_ptr<round> self) {
     if (ec) co_return std::pair{ec, allreduce_result{}};
 
     r.layout();
+    if (!r.part_work_inline()) {
+        r.part_compute = r.st->compute;
+        r.part_reduce = r.st->reduce;
+    }
     // Our values are checked where they are first read, part by part (see
     // refuse_local_values), not in a pass over the whole tensor up front.
     if (sends_values(r.role()) && !r.tensors.empty()) {

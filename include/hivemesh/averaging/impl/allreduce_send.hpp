@@ -109,7 +109,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
         }
         packed = compression::compress_into(codec, values, *next, codec_options);
     };
-    if (parts > 0 && !borrowing) co_await offload(r.st->compute, pack);
+    if (parts > 0 && !borrowing) co_await offload(r.part_compute, pack);
     for (std::size_t p = 0; p < parts; ++p) {
         while (!r.aborted && slot.active && r.paced_out(k, p)) {
             slot.pacing = true;
@@ -141,7 +141,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::send_parts(std::share
         std::error_code written;
         if (p + 1 < parts && !borrowing) {
             next_part = p + 1;
-            auto packing = offload(r.st->compute, pack);
+            auto packing = offload(r.part_compute, pack);
             written = co_await (std::move(writing) && std::move(packing));
         } else {
             written = co_await std::move(writing);
@@ -205,7 +205,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_results(std::sha
             refused = compression::decompress_finite_into(part.payload, mine, values);
         };
         slot.busy = true;
-        co_await offload(r.st->compute, apply);
+        co_await offload(r.part_compute, apply);
         slot.busy = false;
         auto& outcome = r.outcomes[k][p];
         if (refused) { // a reducer that sends such values is not heard any more
