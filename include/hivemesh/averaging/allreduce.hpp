@@ -40,8 +40,9 @@
 // Threads: the round's bookkeeping runs on the RPC node's executor; compression,
 // decompression and reduction run on the `compute` executor when one is given (a reducer's
 // additions through a strand), so io threads stay free. A round in which every link is fast
-// enough for `none` (codec_for_link) does its part work on the node's executor too: each
-// part is then one pass over memory, about what a hand-off to the pool and back costs.
+// enough for `none` (codec_for_link) does its part work on the node's executor too, if its
+// parts are at most detail::max_inline_part_bytes: each part is then one pass over memory,
+// about what a hand-off to the pool and back costs.
 // Without a `compute` executor everything runs on the node's executor (the right choice for
 // the one-threaded simulated network).
 #pragma once
@@ -273,6 +274,12 @@ inline std::vector<bool> beyond_norm_bound(const std::vector<double>& norms, dou
         out[i] = norms[i] > ratio * median;
     return out;
 }
+
+/// The largest part a round that compresses nothing works on in the node's executor (see
+/// "Threads" above): a pass over it takes about 0.1 ms, so the executor's other work
+/// waits no longer than a round trip on a local network. Larger parts go to the compute
+/// executor.
+inline constexpr std::size_t max_inline_part_bytes = std::size_t{1} << 20;
 
 /// glibc maps every allocation above this (its largest dynamic mmap threshold) afresh, so a
 /// span's sums that large would page-fault in every round (100 MB among 2 peers: 12k faults
