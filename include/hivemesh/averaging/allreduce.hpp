@@ -40,11 +40,11 @@
 // Threads: the round's bookkeeping runs on the RPC node's executor; compression,
 // decompression and reduction run on the `compute` executor when one is given (a reducer's
 // additions through a strand), so io threads stay free. A round in which every link is fast
-// enough for `none` (codec_for_link) does its part work on the node's executor too, if its
-// parts are at most detail::max_inline_part_bytes: each part is then one pass over memory,
-// about what a hand-off to the pool and back costs.
-// Without a `compute` executor everything runs on the node's executor (the right choice for
-// the one-threaded simulated network).
+// enough for `none` (codec_for_link) does its part work on the node's executor instead, if
+// its parts are at most detail::max_inline_part_bytes: each part is then one pass over
+// memory, about what a hand-off to the pool and back costs. Without a `compute` executor
+// everything runs on the node's executor (the right choice for the one-threaded simulated
+// network).
 #pragma once
 
 #include "hivemesh/averaging/allreduce_wire.hpp"

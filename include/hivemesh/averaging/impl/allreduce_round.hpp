@@ -142,7 +142,7 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
     /// True when every link of the group is fast enough for `none` (codec_for_link picks
     /// the compressing codec only below a rate, so the slowest known link decides) and the
     /// parts are small. A part is then one pass over memory, which costs about what handing
-    /// it to the compute pool and back costs, so the round does its part work on the io
+    /// it to the compute pool and back costs, so the round does its part work on the node's
     /// executor.
     bool part_work_inline() const {
         if (st->options.part_size_bytes > detail::max_inline_part_bytes) return false;
