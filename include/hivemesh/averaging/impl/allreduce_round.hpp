@@ -68,7 +68,9 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
 
     state_ptr st;
     asio::any_io_executor io;
-    /// Where this round's parts are encoded, decoded and reduced (see part_work_inline).
+    /// Where this round's parts are encoded and decoded, and where its sums are added to
+    /// and averaged (one at a time: a strand of the pool, or the node's executor); nullopt:
+    /// the node's executor (see part_work_inline).
     std::optional<asio::any_io_executor> part_compute;
     std::optional<asio::any_io_executor> part_reduce;
     group_type group;
@@ -88,11 +90,11 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
     /// aux) when its first addition or its average needs them (part_started).
     detail::uninitialized_floats sums;
     std::vector<bool> part_started;
-    std::atomic<bool> local_non_finite{false}; ///< set by part_sums, on the reducing strand
+    std::atomic<bool> local_non_finite{false}; ///< set by part_sums, on part_reduce
     std::vector<double> part_weight;
     std::vector<std::vector<bool>> part_contributors;
     std::vector<std::vector<exclusion>> part_excluded; ///< in member order
-    std::vector<float> reduce_scratch;                 ///< on the reducing strand
+    std::vector<float> reduce_scratch;                 ///< on part_reduce
     /// Encoded result messages, one buffer written to every sender, until all written.
     std::vector<std::shared_ptr<byte_buffer>> results;
     std::shared_ptr<byte_buffer> spare_result; ///< the last freed one, to encode into
