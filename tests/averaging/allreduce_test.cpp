@@ -19,6 +19,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -1020,15 +1021,20 @@ TEST_CASE("allreduce: a sender's NaN or infinity leaves it out of that part's me
     struct case_t {
         compression::kind codec;
         float bad;
+        bool large_parts = false; ///< too large to work inline: added as they arrive
     };
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (const case_t c :
          {case_t{compression::kind::none, nan}, case_t{compression::kind::none, INFINITY},
-          case_t{compression::kind::none, -INFINITY}, case_t{compression::kind::float16, nan}})
+          case_t{compression::kind::none, -INFINITY}, case_t{compression::kind::none, nan, true},
+          case_t{compression::kind::float16, nan}})
         for (const double bound : {0.0, 10.0}) {
-            INFO(compression::to_string(c.codec) << ", " << c.bad << ", bound " << bound);
+            INFO(compression::to_string(c.codec)
+                 << ", " << c.bad << ", bound " << bound << ", large parts " << c.large_parts);
             auto options = exact_options(c.codec);
             options.max_norm_ratio = bound;
+            if (c.large_parts)
+                options.part_size_bytes = averaging::detail::max_inline_part_bytes + 4;
             allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 4096,
                                          options);
             // Honest weights sum to 4, everyone's to 8: both exact denominators.
@@ -1177,44 +1183,48 @@ TEST_CASE("allreduce: finite values whose sum overflows are neither applied nor 
           "the norm bound leaves them out",
           "[allreduce][hostile]") {
     for (const auto codec : {compression::kind::none, compression::kind::blockwise_8bit})
-        for (const double bound : {0.0, 10.0}) {
-            INFO(compression::to_string(codec) << ", bound " << bound);
-            auto options = exact_options(codec);
-            options.max_norm_ratio = bound;
-            allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 4096,
-                                         options);
-            set_exact_values(g, {1, 4, 1, 2});
-            averaging::allreduce_hooks hooks;
-            hooks.rewrite_sent = [](std::size_t reducer, std::size_t part,
-                                    std::span<float> values) {
-                // Times its weight 4, the largest float overflows member 0's sums of part 0.
-                if (reducer == 0 && part == 0)
-                    std::fill(values.begin(), values.end(), std::numeric_limits<float>::max());
-            };
-            g.peers[1].service->set_hooks(hooks);
-            g.run(60s);
-            for (std::size_t i = 0; i < 4; ++i) {
-                INFO("peer " << i);
-                REQUIRE_FALSE(g.peers[i].outcome->first);
-                CHECK(all_finite(g.peers[i].values));
-                g.check_consistent(i, 0.0);
+        for (const double bound : {0.0, 10.0})
+            for (const bool large_parts : {false, true}) {
+                INFO(compression::to_string(codec)
+                     << ", bound " << bound << ", large parts " << large_parts);
+                auto options = exact_options(codec);
+                options.max_norm_ratio = bound;
+                if (large_parts) // too large to work inline: added as they arrive
+                    options.part_size_bytes = averaging::detail::max_inline_part_bytes + 4;
+                allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 4096,
+                                             options);
+                set_exact_values(g, {1, 4, 1, 2});
+                averaging::allreduce_hooks hooks;
+                hooks.rewrite_sent = [](std::size_t reducer, std::size_t part,
+                                        std::span<float> values) {
+                    // Times its weight 4, the largest float overflows member 0's sums of part 0.
+                    if (reducer == 0 && part == 0)
+                        std::fill(values.begin(), values.end(), std::numeric_limits<float>::max());
+                };
+                g.peers[1].service->set_hooks(hooks);
+                g.run(60s);
+                for (std::size_t i = 0; i < 4; ++i) {
+                    INFO("peer " << i);
+                    REQUIRE_FALSE(g.peers[i].outcome->first);
+                    CHECK(all_finite(g.peers[i].values));
+                    g.check_consistent(i, 0.0);
+                }
+                const auto& first = g.peers[0].outcome->second.parts.front();
+                if (bound > 0) {
+                    CHECK(first.excluded == std::vector<exclusion>{{1, value_fault::norm_bound}});
+                    CHECK(first.contributors == all_but(4, {1}));
+                    for (std::size_t i = 0; i < 4; ++i)
+                        CHECK(g.peers[i].outcome->second.fraction_averaged() == 1.0);
+                } else {
+                    // Member 0 applied and returned nothing for its part 0; the senders then had
+                    // no more of its span, and its other parts held only its own values.
+                    CHECK(first.refused == value_fault::non_finite);
+                    CHECK_FALSE(first.averaged());
+                    for (std::size_t i = 1; i < 4; ++i)
+                        for (const auto& part : g.peers[i].outcome->second.parts)
+                            CHECK(part.averaged() == (part.reducer != 0));
+                }
             }
-            const auto& first = g.peers[0].outcome->second.parts.front();
-            if (bound > 0) {
-                CHECK(first.excluded == std::vector<exclusion>{{1, value_fault::norm_bound}});
-                CHECK(first.contributors == all_but(4, {1}));
-                for (std::size_t i = 0; i < 4; ++i)
-                    CHECK(g.peers[i].outcome->second.fraction_averaged() == 1.0);
-            } else {
-                // Member 0 applied and returned nothing for its part 0; the senders then had
-                // no more of its span, and its other parts held only its own values.
-                CHECK(first.refused == value_fault::non_finite);
-                CHECK_FALSE(first.averaged());
-                for (std::size_t i = 1; i < 4; ++i)
-                    for (const auto& part : g.peers[i].outcome->second.parts)
-                        CHECK(part.averaged() == (part.reducer != 0));
-            }
-        }
 }
 
 TEST_CASE("allreduce on TCP with a compute thread pool and the norm bound: a hostile client's "
@@ -1285,6 +1295,71 @@ TEST_CASE("allreduce: the norm bound compares each norm with the lower median of
     options.method = "other";
     options.max_norm_ratio = 1;
     CHECK_NOTHROW(service_type(*g.members[0].rpc, options));
+}
+
+TEST_CASE("allreduce: a part's mean in one pass is bit for bit the sums added one by one and "
+          "scaled, and stops at a NaN, an infinity or an overflow",
+          "[allreduce]") {
+    using averaging::detail::weighted_mean_into;
+    using averaging::detail::weighted_values;
+    random_generator rng(11);
+    auto random_floats = [&rng](std::size_t n) {
+        std::vector<float> v(n);
+        for (auto& x : v) // signs and magnitudes mixed, so every sum rounds
+            x = static_cast<float>((rng.uniform_real() - 0.5) *
+                                   std::ldexp(1.0, static_cast<int>(rng.uniform(20))));
+        return v;
+    };
+    for (const std::size_t n : {std::size_t{1}, std::size_t{2047}, std::size_t{2048},
+                                std::size_t{2049}, std::size_t{5000}})
+        for (std::size_t senders = 0; senders <= 3; ++senders)
+            for (const bool with_own : {true, false}) {
+                INFO(n << " values, " << senders << " senders, own " << with_own);
+                const auto own = random_floats(n);
+                const float own_weight = 1.7f;
+                std::vector<std::vector<float>> theirs;
+                std::vector<float> weights;
+                // Each sender's values one byte into a buffer: unaligned, as in a message.
+                std::vector<byte_buffer> messages;
+                std::vector<weighted_values> others;
+                for (std::size_t j = 0; j < senders; ++j) {
+                    theirs.push_back(random_floats(n));
+                    weights.push_back(0.3f + static_cast<float>(j));
+                    messages.emplace_back(4 * n + 1);
+                    std::memcpy(messages.back().data() + 1, theirs.back().data(), 4 * n);
+                }
+                for (std::size_t j = 0; j < senders; ++j)
+                    others.push_back({messages[j].data() + 1, weights[j]});
+                const float scale = 1.0f / 3.1f;
+                std::vector<float> expected(n, 0.0f); // as part_sums and decompress_add do
+                if (with_own)
+                    for (std::size_t i = 0; i < n; ++i)
+                        expected[i] = own_weight * own[i];
+                for (std::size_t j = 0; j < senders; ++j)
+                    for (std::size_t i = 0; i < n; ++i)
+                        expected[i] += weights[j] * theirs[j][i];
+                for (auto& v : expected)
+                    v *= scale;
+                std::vector<float> out(n, -1.0f);
+                REQUIRE(weighted_mean_into(
+                    out, with_own ? std::span<const float>(own) : std::span<const float>{},
+                    own_weight, others, scale));
+                REQUIRE(std::memcmp(out.data(), expected.data(), 4 * n) == 0);
+                if (senders == 0) continue;
+                // A NaN, an infinity, or a finite value that overflows once weighted, in the
+                // first chunk or the last.
+                auto skewed = others;
+                skewed.back().weight = 4.0f;
+                std::byte* last = messages.back().data() + 1;
+                for (const float bad :
+                     {std::numeric_limits<float>::quiet_NaN(),
+                      -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::max()})
+                    for (const std::size_t at : {std::size_t{0}, n - 1}) {
+                        std::memcpy(last + 4 * at, &bad, 4);
+                        CHECK_FALSE(weighted_mean_into(out, {}, 0, skewed, 1.0f));
+                        std::memcpy(last + 4 * at, &theirs.back()[at], 4);
+                    }
+            }
 }
 
 TEST_CASE("allreduce wire: a result's exclusions round-trip, and malformed ones are refused",

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <limits>
 
 namespace {
 
@@ -157,4 +158,28 @@ TEST_CASE("decoding an unaligned buffer works", "[compression][hostile]") {
     byte_buffer shifted(buffer.size() + 1);
     std::memcpy(shifted.data() + 1, buffer.data(), buffer.size());
     CHECK(decompress(byte_view(shifted).subspan(1)) == decompress(buffer));
+}
+
+TEST_CASE("none_values views exactly the values of a well-formed none buffer of that count",
+          "[compression][hostile]") {
+    const auto values = test::make_data(test::pattern::normal, 300, 7);
+    const auto buffer = compress(kind::none, values);
+    const auto viewed = none_values(buffer, 300);
+    REQUIRE(viewed);
+    REQUIRE(viewed->size() == 4 * values.size());
+    CHECK(std::memcmp(viewed->data(), values.data(), viewed->size()) == 0);
+    CHECK(viewed->data() == buffer.data() + header_size); // where it is, not a copy
+    CHECK_FALSE(none_values(buffer, 299));
+    CHECK_FALSE(none_values(buffer, 301));
+    for (std::size_t cut = 0; cut < buffer.size(); ++cut)
+        REQUIRE_FALSE(none_values(byte_view(buffer).first(cut), 300));
+    auto longer = buffer;
+    longer.push_back(std::byte{0});
+    CHECK_FALSE(none_values(longer, 300));
+    CHECK_FALSE(none_values(valid_buffer(kind::float16, 300), 300));
+    CHECK_FALSE(none_values(buffer, 300, {.max_elements = 299}));
+    // NaN and infinity are values like any other here: the reader checks them.
+    const std::vector<float> odd{std::numeric_limits<float>::quiet_NaN(),
+                                 std::numeric_limits<float>::infinity(), 1.0f};
+    CHECK(none_values(compress(kind::none, odd), 3));
 }

@@ -2,13 +2,15 @@
 // decode or be refused with an error code; sanitizers catch everything else. The
 // reducer's decoders must agree with it: decompress_add, decompress_finite_into and
 // decompress_norm take exactly the buffers that decode to finite values, give the same
-// values (and their norm), and leave their destination alone otherwise.
+// values (and their norm), and leave their destination alone otherwise; none_values views
+// exactly the buffers that decode as `none`.
 #include <hivemesh/compression.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -22,6 +24,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!ec && (!has_header || h.count != values.size())) std::abort();
     // A destination as long as the header says, when that is believable (as decompress).
     if (!has_header || h.count > size) return 0;
+    const auto raw = none_values(input, h.count, lim);
+    if (raw.has_value() != (!ec && h.codec == kind::none)) std::abort();
+    if (raw && none_payload_is_native && !values.empty() &&
+        std::memcmp(raw->data(), values.data(), raw->size()) != 0)
+        std::abort();
     const bool accept =
         !ec && std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); });
     std::vector<float> scratch;

@@ -3,10 +3,12 @@
 // All tensors are one virtual vector of V floats. Member k owns the contiguous span
 // spans[k] (sizes from load balancing; clients own nothing). Every member that has values
 // (node, client) streams its slice of each other member's span to that member in parts of
-// about `part_size_bytes`, compressed; the owner ("reducer") adds them up as they arrive,
-// and once every sender delivered part p (or was dropped) it sends the weighted mean
-// sum(w_j x_j) / sum(w_j) of part p back to each sender that contributed to it. Every peer
-// therefore moves 2(N-1)/N of the vector each way at equal shares.
+// about `part_size_bytes`, compressed; once every sender delivered part p (or was dropped)
+// the owner ("reducer") sends the weighted mean sum(w_j x_j) / sum(w_j) of part p back to
+// each sender that contributed to it. Every peer therefore moves 2(N-1)/N of the vector
+// each way at equal shares. A reducer adds the parts up as they arrive, or, in a round
+// that works inline (see Threads) or has the norm bound, keeps one part per sender and
+// forms each mean in one pass over them (round::staging).
 //
 // Failures (each reported in the result, never an error of the round):
 // - a sender that stays silent for `sender_timeout` (or never connects) is dropped from
@@ -69,6 +71,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -258,6 +261,44 @@ inline double l2_norm(std::span<const float> values) noexcept {
     for (const float v : values)
         squares += static_cast<double>(v) * static_cast<double>(v);
     return std::sqrt(squares);
+}
+
+/// A contribution to a part's mean where it arrived: the value bytes of a `none` buffer
+/// (compression::none_values) and its weight.
+struct weighted_values {
+    const std::byte* bytes;
+    float weight;
+};
+
+/// Writes out[i] = (own_weight·own[i] + Σ w_j·x_j[i]) · scale, each operation rounded to float
+/// in that order (so bit for bit what adding the contributions one after the other into a
+/// sum and then scaling it gives); with `own` empty the sum starts at zero. Works in chunks
+/// that stay in L1, so each input is read once. Returns false as soon as a chunk holds a
+/// NaN or infinity (an input's, or an overflow); `out` is then partly written.
+inline bool weighted_mean_into(std::span<float> out, std::span<const float> own, float own_weight,
+                               std::span<const weighted_values> others, float scale) noexcept {
+    constexpr std::size_t chunk = 2048;
+    for (std::size_t begin = 0; begin < out.size(); begin += chunk) {
+        const std::size_t count = std::min(chunk, out.size() - begin);
+        float* sum = out.data() + begin;
+        if (own.empty())
+            std::fill_n(sum, count, 0.0f);
+        else
+            for (std::size_t i = 0; i < count; ++i)
+                sum[i] = own_weight * own[begin + i];
+        for (const auto& x : others) {
+            const std::byte* bytes = x.bytes + 4 * begin;
+            for (std::size_t i = 0; i < count; ++i) {
+                float v;
+                std::memcpy(&v, bytes + 4 * i, sizeof v);
+                sum[i] += x.weight * v;
+            }
+        }
+        for (std::size_t i = 0; i < count; ++i)
+            sum[i] *= scale;
+        if (!compression::all_finite(std::span<const float>(sum, count))) return false;
+    }
+    return true;
 }
 
 /// Which of `norms` exceed `ratio` times their median (the lower one of an even count):

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <system_error>
 #include <vector>
@@ -91,6 +92,13 @@ inline void append_none_header(std::size_t count, byte_buffer& out,
     binary_writer writer(out);
     detail::write_header(writer, {kind::none, original, count});
 }
+
+/// The value bytes of `buffer` (4·count of them, little-endian float32, not checked for
+/// finiteness) if it is a well-formed `none` buffer of `count` elements; nullopt for
+/// anything else (another codec or count, a bad header, missing or trailing bytes). For a
+/// reader that combines several buffers in one pass over their values.
+HIVEMESH_DECL std::optional<byte_view> none_values(byte_view buffer, std::size_t count,
+                                                   const limits& lim = {}) noexcept;
 
 /// Compresses `values` with codec `k` into a new self-describing buffer.
 /// Throws std::system_error with errc::invalid_argument, unknown_codec or non_finite_input.

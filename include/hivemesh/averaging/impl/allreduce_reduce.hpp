@@ -8,11 +8,11 @@ namespace hivemesh::averaging {
 
 template <net::transport Transport>
 std::span<float> allreduce_service<Transport>::round::part_sums(std::size_t p, bool with_own) {
-    const auto range = part_range(me, p);
-    const auto sum = sums.span().subspan(range.begin - spans[me].begin, range.size);
+    const auto sum = part_sums_view(p);
     if (!part_started[p]) {
         part_started[p] = true;
         if (with_own && sends_values(role())) {
+            const auto range = part_range(me, p);
             const auto w = static_cast<float>(weight);
             const auto mine = local.subspan(range.begin, range.size);
             constexpr std::size_t chunk = 2048; // checked, then read again from L1
@@ -33,9 +33,8 @@ std::span<float> allreduce_service<Transport>::round::part_sums(std::size_t p, b
 }
 
 template <net::transport Transport>
-std::span<float>
-allreduce_service<Transport>::round::bounded_sums(std::size_t p,
-                                                  const std::vector<std::size_t>& staged) {
+bool allreduce_service<Transport>::round::judge_norms(std::size_t p,
+                                                      std::vector<std::size_t>& staged) {
     const bool mine = sends_values(role());
     std::vector<double> norms;
     if (mine) {
@@ -43,35 +42,86 @@ allreduce_service<Transport>::round::bounded_sums(std::size_t p,
         const double own = detail::l2_norm(local.subspan(range.begin, range.size));
         if (!std::isfinite(own)) {
             local_non_finite.store(true, std::memory_order_relaxed);
-            return {};
+            return false;
         }
         norms.push_back(own);
     }
     for (const std::size_t j : staged)
         norms.push_back(senders[j].staged_norm);
     const auto beyond = detail::beyond_norm_bound(norms, st->options.max_norm_ratio);
-    std::size_t next = 0;
-    const bool own_in = mine && !beyond[next++];
-    if (mine && !own_in) {
+    if (mine && beyond[0]) {
         exclude(p, me, value_fault::norm_bound);
         part_weight[p] = 0;
         part_contributors[p][me] = false;
     }
-    const std::span<float> sum = part_sums(p, own_in);
-    for (const std::size_t j : staged) {
-        if (beyond[next++]) {
-            exclude(p, j, value_fault::norm_bound);
-            continue;
-        }
-        auto& s = senders[j];
-        // Screened when it arrived, so this cannot fail; if it did, `sum` is unchanged.
-        if (compression::decompress_add(s.staged_payload, sum, static_cast<float>(s.weight),
-                                        reduce_scratch))
-            continue;
-        part_weight[p] += s.weight;
-        part_contributors[p][j] = true;
+    std::vector<std::size_t> kept;
+    for (std::size_t i = 0; i < staged.size(); ++i) {
+        if (beyond[i + (mine ? 1 : 0)])
+            exclude(p, staged[i], value_fault::norm_bound);
+        else
+            kept.push_back(staged[i]);
     }
-    return sum;
+    staged = std::move(kept);
+    return true;
+}
+
+template <net::transport Transport>
+bool allreduce_service<Transport>::round::mean_in_one_pass(std::size_t p,
+                                                           const std::vector<std::size_t>& staged) {
+    if (!compression::none_payload_is_native) return false;
+    const auto range = part_range(me, p);
+    double total = part_weight[p];
+    std::vector<detail::weighted_values> others;
+    for (const std::size_t j : staged) {
+        const auto values = compression::none_values(senders[j].staged_payload, range.size);
+        if (!values) return false;
+        others.push_back({values->data(), static_cast<float>(senders[j].weight)});
+        total += senders[j].weight;
+    }
+    if (!(total > 0)) return false;
+    const std::span<float> own =
+        part_contributors[p][me] ? local.subspan(range.begin, range.size) : std::span<float>{};
+    if (!detail::weighted_mean_into(part_sums_view(p), own, static_cast<float>(weight), others,
+                                    static_cast<float>(1.0 / total)))
+        return false;
+    part_weight[p] = total;
+    for (const std::size_t j : staged)
+        part_contributors[p][j] = true;
+    return true;
+}
+
+template <net::transport Transport>
+std::span<float> allreduce_service<Transport>::round::part_mean(std::size_t p,
+                                                                std::vector<std::size_t> staged,
+                                                                bool& overflow) {
+    std::span<float> sum;
+    if (staging) {
+        if (bounded() && !judge_norms(p, staged)) return {};
+        if (mean_in_one_pass(p, staged)) return part_sums_view(p);
+        // A part that is not `none`, or a mean that is not finite: added one by one, which
+        // finds what made it so.
+        sum = part_sums(p, part_contributors[p][me]);
+        for (const std::size_t j : staged) {
+            auto& s = senders[j];
+            const auto ec = compression::decompress_add(
+                s.staged_payload, sum, static_cast<float>(s.weight), reduce_scratch);
+            if (ec) { // validated when it arrived, so only a `none` part's values can fail
+                if (ec == errc::non_finite_input) exclude(p, j, value_fault::non_finite);
+                continue;
+            }
+            part_weight[p] += s.weight;
+            part_contributors[p][j] = true;
+        }
+    } else {
+        sum = part_sums(p);
+    }
+    if (local_non_finite.load(std::memory_order_relaxed) || !(part_weight[p] > 0)) return {};
+    const auto scale = static_cast<float>(1.0 / part_weight[p]);
+    for (float& v : sum)
+        v *= scale;
+    // Finite values may still overflow the sums: that part is neither applied nor sent.
+    overflow = !compression::all_finite(sum);
+    return overflow ? std::span<float>{} : sum;
 }
 
 template <net::transport Transport>
@@ -123,23 +173,17 @@ asio::awaitable<void> allreduce_service<Transport>::round::finish_part(std::size
     byte_buffer& message = *buffer;
     std::error_code ec;
     std::optional<value_fault> refused;
-    // With the norm bound, the parts judged now: every sender's part p is staged or missing.
+    // In a staging round, every sender's part p is staged or missing now.
     std::vector<std::size_t> staged;
     for (std::size_t j = 0; j < senders.size(); ++j)
         if (senders[j].has_staged && senders[j].staged_part == p) staged.push_back(j);
-    const bool any = bounded() ? sends_values(role()) || !staged.empty() : part_weight[p] > 0;
+    const bool any = staging ? sends_values(role()) || !staged.empty() : part_weight[p] > 0;
     if (any) {
         auto average = [&] {
-            const std::span<float> sum = bounded() ? bounded_sums(p, staged) : part_sums(p);
-            if (local_non_finite.load(std::memory_order_relaxed) || !(part_weight[p] > 0)) return;
-            const auto scale = static_cast<float>(1.0 / part_weight[p]);
-            for (float& v : sum)
-                v *= scale;
-            // Finite values may still overflow the sums: that part is neither applied nor sent.
-            if (!compression::all_finite(sum)) {
-                refused = value_fault::non_finite;
-                return;
-            }
+            bool overflow = false;
+            const std::span<float> sum = part_mean(p, staged, overflow);
+            if (overflow) refused = value_fault::non_finite;
+            if (sum.empty()) return;
             const auto& o = st->options;
             const auto codec = result_codec();
             encode_result_head(message, static_cast<std::uint32_t>(p), part_contributors[p],
@@ -242,10 +286,11 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_parts(std::share
     auto& s = r.senders[j];
     const std::size_t parts = r.parts_of(r.me);
     const bool bounded = r.bounded();
+    const bool staging = r.staging;
     std::vector<float> values;
     byte_buffer message; // its storage goes back to the stream for a later part
     while (s.next_part < parts && !s.failed && !r.aborted) {
-        // With the norm bound, a part waits (staged) until the part's mean is taken.
+        // In a staging round, a part waits (staged) until the part's mean is taken.
         while (s.has_staged && !s.failed && !r.aborted)
             co_await s.staged_taken->wait();
         if (s.failed || r.aborted) break;
@@ -267,9 +312,11 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_parts(std::share
         const auto range = r.part_range(r.me, p);
         std::error_code refused;
         double norm = 0;
-        if (bounded) { // screened now, added once every contribution's norm is known
+        if (staging) { // screened now, averaged once every contribution is here
             auto screen = [&] {
-                refused = compression::decompress_norm(part.payload, range.size, norm, values);
+                // Without the bound, a `none` part's values are checked by the mean's pass.
+                if (bounded || !compression::none_values(part.payload, range.size))
+                    refused = compression::decompress_norm(part.payload, range.size, norm, values);
             };
             s.busy = true;
             co_await offload(r.part_compute, screen);
@@ -292,7 +339,7 @@ asio::awaitable<void> allreduce_service<Transport>::round::take_parts(std::share
         }
         if (refused) { // the sums are unchanged: left out of this part only
             r.exclude(p, j, value_fault::non_finite);
-        } else if (bounded) {
+        } else if (staging) {
             std::swap(s.staged, message); // the payload still views it
             s.staged_payload = part.payload;
             s.staged_part = p;

@@ -23,8 +23,9 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
         time_point last_progress{};
         net::call_stream* stream = nullptr;
         std::unique_ptr<wakeup> results_ready;
-        /// With the norm bound: the part taken but not judged yet (one at a time), its
-        /// message, payload and norm; staged_taken wakes the reader once it was judged.
+        /// In a staging round: the part taken but not averaged yet (one at a time), its
+        /// message, payload and norm (with the norm bound); staged_taken wakes the reader
+        /// once it was averaged.
         bool has_staged = false;
         std::size_t staged_part = 0;
         double staged_norm = 0;
@@ -73,6 +74,11 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
     /// the node's executor (see part_work_inline).
     std::optional<asio::any_io_executor> part_compute;
     std::optional<asio::any_io_executor> part_reduce;
+    /// Every sender's part p waits (staged) until part p is averaged, which then reads each
+    /// contribution once (part_mean): in rounds with the norm bound, which judges the parts
+    /// side by side, and in rounds that work inline (part_work_inline), whose cost is passes
+    /// over memory. Otherwise each part is added into the sums as it arrives.
+    bool staging = false;
     group_type group;
     std::size_t me;
     std::vector<std::size_t> span_sizes;
@@ -86,8 +92,9 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
 
     // Reducing our span.
     std::vector<sender_slot> senders;
-    /// Our span's weighted sums; part p's start as our own weighted values (zero for
-    /// aux) when its first addition or its average needs them (part_started).
+    /// Our span's weighted sums (one part's in a staging round); part p's start as our own
+    /// weighted values (zero for aux) when its first addition or its average needs them
+    /// (part_started).
     detail::uninitialized_floats sums;
     std::vector<bool> part_started;
     std::atomic<bool> local_non_finite{false}; ///< set by part_sums, on part_reduce
@@ -279,11 +286,27 @@ struct allreduce_service<Transport>::round : std::enable_shared_from_this<round>
     /// to while still in cache. Our values are checked as they are read: a non-finite one
     /// sets local_non_finite (the sums are then unusable; refuse_local_values ends the round).
     std::span<float> part_sums(std::size_t p, bool with_own = true);
-    /// With the norm bound, on the reducing executor: judges part p's contributions, ours and
-    /// the parts `staged` (sender indices, ascending) hold, leaves out those beyond the bound
-    /// and adds the rest into the sums in member order; returns the sums (empty if our own
-    /// values were non-finite).
-    std::span<float> bounded_sums(std::size_t p, const std::vector<std::size_t>& staged);
+    /// Part p's sums, as they are. A staging round averages one part at a time, so its sums
+    /// hold one part, which stays in cache.
+    std::span<float> part_sums_view(std::size_t p) {
+        const auto range = part_range(me, p);
+        return staging ? sums.span().first(range.size)
+                       : sums.span().subspan(range.begin - spans[me].begin, range.size);
+    }
+    /// On part_reduce: part p's mean, in its sums. In a staging round, of our values and the
+    /// parts `staged` (sender indices, ascending) holds, those the norm bound keeps (with it),
+    /// in member order, our own first: in one pass (mean_in_one_pass), else added into the
+    /// sums, which leaves out a part with a NaN or infinity; otherwise the streamed sums.
+    /// Empty if our own values were non-finite (local_non_finite) or nothing contributed;
+    /// `overflow` set (and empty) if the mean is not finite.
+    std::span<float> part_mean(std::size_t p, std::vector<std::size_t> staged, bool& overflow);
+    /// With the norm bound: leaves out of part p (and removes from `staged`) the
+    /// contributions beyond it, ours too; false if our own values were non-finite.
+    bool judge_norms(std::size_t p, std::vector<std::size_t>& staged);
+    /// Part p's mean of our values (if still in) and the `staged` parts, in one pass
+    /// (detail::weighted_mean_into) when they are all `none`; false, leaving the weights and
+    /// contributors alone, if one is not or the mean is not finite.
+    bool mean_in_one_pass(std::size_t p, const std::vector<std::size_t>& staged);
     /// Records that member j's values for part p were left out, keeping member order.
     void exclude(std::size_t p, std::size_t j, value_fault why);
     /// Ends the round with invalid_argument if our own values held a NaN or infinity;
@@ -367,8 +390,10 @@ allreduce_service<Transport>::round::run(std::shared_ptr<round> self) {
     if (!ec && r.st->rounds.contains(r.group.id)) ec = errc::invalid_argument;
     if (ec) co_return std::pair{ec, allreduce_result{}};
 
+    const bool inline_work = r.part_work_inline();
+    r.staging = inline_work || r.bounded();
     r.layout();
-    if (!r.part_work_inline()) {
+    if (!inline_work) {
         r.part_compute = r.st->compute;
         r.part_reduce = r.st->reduce;
     }
@@ -464,7 +489,7 @@ void allreduce_service<Transport>::round::layout() {
         const std::size_t parts = parts_of(me);
         const bool mine = sends_values(role());
         sums = std::exchange(st->spare_sums, {});
-        sums.resize(spans[me].size);
+        sums.resize(staging ? std::min(part_elements, spans[me].size) : spans[me].size);
         part_started.assign(parts, false);
         part_weight.assign(parts, mine ? weight : 0.0);
         part_contributors.assign(parts, std::vector<bool>(n, false));

@@ -70,6 +70,16 @@ HIVEMESH_DECL std::error_code read_header(byte_view buffer, header& result,
     return reader.error();
 }
 
+HIVEMESH_DECL std::optional<byte_view> none_values(byte_view buffer, std::size_t count,
+                                                   const limits& lim) noexcept {
+    binary_reader reader(buffer);
+    const header h = detail::read_header(reader, lim.max_elements);
+    if (!reader.ok() || h.codec != kind::none || h.count != count) return std::nullopt;
+    const byte_view bytes = reader.read_bytes(4 * count);
+    if (reader.finish()) return std::nullopt;
+    return bytes;
+}
+
 HIVEMESH_DECL std::error_code decompress_into(byte_view buffer, std::span<float> out,
                                               const limits& lim) {
     binary_reader reader(buffer);
