@@ -61,12 +61,14 @@ struct allreduce_group : swarm<World> {
     /// Peers with these roles, `size` random values each in [1, 2), weights in [1, 5).
     /// With `post_compute`, compression and reduction are posted to the world's own
     /// executor (as to a thread pool, other handlers run in between) instead of `compute`.
-    /// `node_options[i]`, if given, are peer i's RPC node options.
+    /// `node_options[i]`, if given, are peer i's RPC node options, `peer_options[i]` its
+    /// all-reduce options (else `options`).
     allreduce_group(const std::vector<member_role>& roles, std::size_t size,
                     averaging::allreduce_options options = small_parts(), std::uint64_t seed = 1,
                     std::optional<asio::any_io_executor> compute = std::nullopt,
                     bool post_compute = false,
-                    const std::vector<net::node_options>& node_options = {}) {
+                    const std::vector<net::node_options>& node_options = {},
+                    const std::vector<averaging::allreduce_options>& peer_options = {}) {
         if (post_compute) compute = this->world.io.get_executor();
         random_generator rng(seed);
         for (std::size_t i = 0; i < 32; ++i)
@@ -77,7 +79,8 @@ struct allreduce_group : swarm<World> {
             auto& m = this->add_rpc(identity_of(static_cast<std::uint8_t>(i + 1)));
             if (roles[i] != member_role::client) this->listen(m);
             auto& p = peers.emplace_back();
-            p.service = std::make_unique<service_type>(*m.rpc, options, compute);
+            p.service = std::make_unique<service_type>(
+                *m.rpc, i < peer_options.size() ? peer_options[i] : options, compute);
             p.role = roles[i];
             if (roles[i] != member_role::aux) {
                 p.initial.resize(size);
@@ -503,6 +506,36 @@ TEST_CASE("allreduce: one slow member gets and sends compressed values, the othe
         const std::size_t compressed_values = result.values_sent - exact_values;
         CHECK(result.bytes_sent >= 4 * exact_values + compressed_values);
         CHECK(result.bytes_sent < 4 * exact_values + 2 * compressed_values);
+    }
+}
+
+TEST_CASE("allreduce: a reducer that stages uncompressed parts also averages a sender's "
+          "compressed ones (a sender whose codec is faster than the links compresses)",
+          "[allreduce][adaptive]") {
+    auto options = allreduce_group<sim_world>::small_parts();
+    options.part_size_bytes = 4 * 512;
+    options.codec_options.block_size = 64; // exact values stay exact in 8 bits
+    options.codec_rate = 0.5e9;            // below the links: `none`, parts staged
+    auto fast_codec = options;
+    fast_codec.codec_rate = 2e9; // above them: blockwise_8bit to everyone
+    allreduce_group<sim_world> g(std::vector<member_role>(4, member_role::node), 4096, options, 1,
+                                 std::nullopt, false, {}, {fast_codec});
+    for (auto& m : g.group.members)
+        m.bandwidth = 1e9;
+    set_exact_values(g, {1, 4, 1, 2});
+    g.run(60s);
+    for (std::size_t i = 0; i < 4; ++i) {
+        INFO("peer " << i);
+        const auto& [ec, result] = *g.peers[i].outcome;
+        REQUIRE_FALSE(ec);
+        REQUIRE(result.fraction_averaged() == 1.0);
+        for (const auto& part : result.parts)
+            REQUIRE(part.contributors == all_but(4, {}));
+        g.check_consistent(i, 0.0);
+        if (i == 0)
+            CHECK(result.bytes_sent < 2 * result.values_sent);
+        else
+            CHECK(result.bytes_sent > 4 * result.values_sent);
     }
 }
 
