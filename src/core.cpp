@@ -6,6 +6,7 @@
 #include <hivemesh/compression/impl/compress.ipp>
 #include <hivemesh/compression/impl/float16.ipp>
 #include <hivemesh/core/impl/async.ipp>
+#include <hivemesh/core/impl/file.ipp>
 #include <hivemesh/crypto/impl/identity.ipp>
 #include <hivemesh/crypto/impl/peer_id.ipp>
 #include <hivemesh/crypto/impl/secure_channel.ipp>

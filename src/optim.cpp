@@ -2,6 +2,7 @@
 // compiled once.
 #include <hivemesh/net/sim.hpp>
 #include <hivemesh/optim/collaborative.hpp>
+#include <hivemesh/optim/impl/collaborative_checkpoint.hpp>
 #include <hivemesh/optim/impl/collaborative_delayed.hpp>
 #include <hivemesh/optim/impl/collaborative_rounds.hpp>
 #include <hivemesh/optim/impl/collaborative_state.hpp>

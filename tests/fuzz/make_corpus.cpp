@@ -15,6 +15,7 @@
 #include <hivemesh/net/address.hpp>
 #include <hivemesh/net/frame.hpp>
 #include <hivemesh/net/rpc_wire.hpp>
+#include <hivemesh/optim/checkpoint.hpp>
 #include <hivemesh/optim/state_metadata.hpp>
 #include <hivemesh/progress/record.hpp>
 
@@ -264,8 +265,9 @@ void write_dht_response_corpus(const std::filesystem::path& dir) {
 void write_state_corpus(const std::filesystem::path& dir) {
     using namespace hivemesh::averaging;
     write_file(dir / "request", encode(state_request{}));
-    write_file(dir / "optimizer_metadata", hivemesh::optim::encode(hivemesh::optim::state_metadata{
-                                               .epoch = 12, .step_count = 12}));
+    write_file(dir / "optimizer_metadata",
+               hivemesh::optim::encode(hivemesh::optim::state_metadata{
+                   .epoch = 12, .step_count = 12, .integer_buffers = {{7, 8}}}));
     hivemesh::random_generator rng(5);
     const std::vector<std::vector<std::size_t>> layouts = {{}, {0}, {3}, {5, 0, 2, 9}, {70, 1}};
     std::size_t n = 0;
@@ -363,6 +365,27 @@ void write_progress_corpus(const std::filesystem::path& dir) {
     write_file(dir / "tombstone", {});
 }
 
+// Checkpoint files: empty, of a gradient-mode model with buffers, and of DiLoCo.
+void write_checkpoint_corpus(const std::filesystem::path& dir) {
+    using hivemesh::optim::checkpoint;
+    write_file(dir / "empty", hivemesh::optim::encode(checkpoint{}));
+    checkpoint c;
+    c.run_id = "fashion-mnist";
+    c.epoch = 30;
+    c.optimizer = "adam";
+    c.step_count = 30;
+    c.parameters = {{0.5f, -1.0f, 2.0f}, {}, {3.0f, 4.0f}};
+    c.buffers = {{0.1f, 0.9f}};
+    c.integer_buffers = {{120}, {}};
+    c.optimizer_state = {{0.0f, 1.0f, 2.0f}, {0.5f, 0.5f, 0.5f}, {}, {},
+                         {1.0f, 1.0f},       {2.0f, 2.0f}};
+    write_file(dir / "gradients", hivemesh::optim::encode(c));
+    c.outer_start = c.parameters;
+    c.outer_state = c.parameters;
+    c.outer_step_count = 4;
+    write_file(dir / "diloco", hivemesh::optim::encode(c));
+}
+
 int main(int argc, char** argv) {
     using namespace hivemesh::compression;
     if (argc != 2) {
@@ -402,5 +425,6 @@ int main(int argc, char** argv) {
     write_dht_response_corpus(dir("dht_responses"));
     write_state_corpus(dir("state_messages"));
     write_progress_corpus(dir("progress_record"));
+    write_checkpoint_corpus(dir("checkpoint"));
     return 0;
 }

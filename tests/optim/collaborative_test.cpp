@@ -90,6 +90,10 @@ struct trainer {
     /// After each step.
     std::function<void(trainer&, const optim::step_report&)> after_step;
 
+    /// Buffers, for the optimizers made with them: BatchNorm's running statistics and count.
+    std::vector<float> running_stat = std::vector<float>(64, 0.0f);
+    std::vector<std::int64_t> tracked = {0};
+
     std::vector<optim::step_report> epoch_ends;   ///< the reports of the steps that ended one
     std::vector<std::vector<float>> values_after; ///< the values after each of those
     std::uint64_t steps = 0;
@@ -120,13 +124,15 @@ struct collaborative_swarm {
         : peers(seed) {}
 
     trainer& add(optim::collaborative_options options, optim::local_optimizer local,
-                 duration interval, bool client_mode = false) {
+                 duration interval, bool client_mode = false, bool with_buffers = false) {
         auto& p = peers.add_peer(client_mode);
         auto& t = trainers.emplace_back();
         t.model = quadratic_model(trainers.size() - 1);
         t.interval = interval;
+        optim::model_buffers buffers;
+        if (with_buffers) buffers = {{t.running_stat}, {t.tracked}};
         t.optimizer = std::make_unique<sim_optimizer>(p, t.model.parameters(), std::move(local),
-                                                      std::move(options));
+                                                      std::move(options), std::move(buffers));
         return t;
     }
 
@@ -561,6 +567,80 @@ TEST_CASE("local updates: a step per batch, and each epoch the parameters and Ad
     }
     for (const auto& t : swarm.trainers)
         CHECK(t.optimizer->statistics().optimizer_step >= duration::zero());
+}
+
+TEST_CASE("buffers: each state round averages the float buffers exactly and leaves the integer "
+          "ones; a newcomer downloads both from its donor",
+          "[optim][collaborative][sim]") {
+    constexpr std::size_t peers = 4;
+    collaborative_swarm swarm(33);
+    const std::vector<duration> intervals{100ms, 170ms, 230ms, 130ms};
+    // What each peer's buffers held going into the round of each epoch.
+    std::vector<std::vector<std::vector<float>>> before_round(peers);
+    for (std::size_t p = 0; p < peers; ++p) {
+        auto& t = swarm.add(run_options(1024, peers), plain_sgd(0.5), intervals[p], false, true);
+        t.last_epoch = 2;
+        // As a forward pass in training mode updates BatchNorm's statistics: values that are
+        // multiples of 1/8, so that the mean of four is exact in float32.
+        t.before_step = [p](trainer& t) {
+            for (std::size_t j = 0; j < t.running_stat.size(); ++j)
+                t.running_stat[j] = static_cast<float>((p + 1) * (j + t.steps)) / 8.0f - 3.0f;
+            t.tracked[0] = static_cast<std::int64_t>(1000 * p + t.steps);
+        };
+        t.after_step = [p, &before_round](trainer& t, const optim::step_report& r) {
+            if (!r.epoch_ended) return;
+            CHECK(r.state_averaging.outcome == optim::round_outcome::averaged);
+            // before_step ran just before this step, with the step count before it.
+            std::vector<float> held(t.running_stat.size());
+            for (std::size_t j = 0; j < held.size(); ++j)
+                held[j] = static_cast<float>((p + 1) * (j + t.steps - 1)) / 8.0f - 3.0f;
+            before_round[p].push_back(held);
+            CHECK(t.tracked[0] == static_cast<std::int64_t>(1000 * p + t.steps - 1));
+        };
+    }
+    std::vector<std::vector<std::vector<float>>> after_round(peers);
+    for (std::size_t p = 0; p < peers; ++p) {
+        auto previous = std::move(swarm.trainers[p].after_step);
+        swarm.trainers[p].after_step = [p, previous, &after_round](trainer& t,
+                                                                   const optim::step_report& r) {
+            previous(t, r);
+            if (r.epoch_ended) after_round[p].push_back(t.running_stat);
+        };
+    }
+    swarm.wait_until_all_seen(peers);
+    swarm.run();
+    for (std::size_t e = 0; e < 2; ++e) {
+        INFO("epoch " << e);
+        std::vector<float> mean(64, 0.0f);
+        for (std::size_t p = 0; p < peers; ++p) {
+            REQUIRE(before_round[p].size() == 2);
+            for (std::size_t j = 0; j < mean.size(); ++j)
+                mean[j] += before_round[p][e][j] / peers;
+        }
+        for (std::size_t p = 0; p < peers; ++p)
+            CHECK(after_round[p][e] == mean);
+    }
+
+    // A newcomer (no buffers trained) takes its donor's, integers too.
+    auto& late = swarm.add(run_options(1024, peers + 1), plain_sgd(0.5), 150ms, false, true);
+    late.running_stat.assign(64, 99.0f);
+    late.tracked[0] = -5;
+    std::optional<optim::step_report> first;
+    late.model.compute_gradient();
+    late.optimizer->async_step(0, [&](std::error_code ec, optim::step_report r) {
+        CHECK_FALSE(ec);
+        first = r;
+    });
+    REQUIRE(swarm.peers.run_until([&] { return first.has_value(); }, 60s));
+    REQUIRE(first->state_loaded);
+    REQUIRE_FALSE(first->state_error);
+    CHECK(late.running_stat == after_round[0][1]);
+    const auto donor = std::find_if(swarm.trainers.begin(), swarm.trainers.end() - 1,
+                                    [&](const trainer& t) { return t.tracked == late.tracked; });
+    CHECK(donor != swarm.trainers.end() - 1);
+    CHECK(late.model.values() == swarm.trainers[0].model.values());
+    CHECK(late.optimizer->statistics().state_bytes_downloaded ==
+          (first_size + second_size + 64) * sizeof(float));
 }
 
 TEST_CASE("a late joiner loads the state and trains on at the global epoch",
@@ -1255,18 +1335,23 @@ TEST_CASE("the optimizer as the README shows it: a plain vector model on a peer"
 }
 
 TEST_CASE("the state metadata round-trips and refuses what is not it", "[optim][collaborative]") {
-    const optim::state_metadata m{.epoch = 41, .step_count = 7};
+    const optim::state_metadata m{
+        .epoch = 41, .step_count = 7, .integer_buffers = {{1, -2, 1LL << 50}, {}}};
     const byte_buffer bytes = optim::encode(m);
-    CHECK(bytes.size() == optim::state_metadata_size);
+    CHECK(bytes.size() == 1 + 8 + 8 + 4 + (8 + 3 * 8) + 8);
     optim::state_metadata back;
     REQUIRE_FALSE(optim::decode(bytes, back));
     CHECK(back == m);
-    CHECK(optim::decode(byte_view(bytes).first(16), back) == errc::truncated_input);
+    for (std::size_t n = 0; n < bytes.size(); ++n)
+        CHECK(optim::decode(byte_view(bytes).first(n), back) == errc::truncated_input);
+    byte_buffer huge = optim::encode(optim::state_metadata{});
+    huge[17] = std::byte{0xff}; // 255 buffers announced, none there
+    CHECK(optim::decode(huge, back) == errc::truncated_input);
     byte_buffer longer = bytes;
     longer.push_back(std::byte{0});
     CHECK(optim::decode(longer, back) == errc::trailing_data);
     byte_buffer other = bytes;
-    other[0] = std::byte{2};
+    other[0] = std::byte{1};
     CHECK(optim::decode(other, back) == errc::unsupported_version);
 }
 

@@ -1,7 +1,8 @@
 // libtorch: hivemesh's sgd/adam/adamw against torch::optim on the same problem;
 // torch_optimizer over a torch::nn::Linear: its state tensors are the optimizer's own, state
 // written into a second wrapper continues the first exactly, and its errors; and two peers that
-// train a module through it with the collaborative optimizer.
+// train a module through it with the collaborative optimizer; adam over a module's parameters
+// with and without host staging (the path of tensors on other devices).
 //
 // <hivemesh/optim/torch.hpp> comes first: it includes <ATen/core/ivalue.h> before the torch
 // headers, without which clang 14 in C++20 mode rejects them.
@@ -24,17 +25,21 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/GradMode.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -207,6 +212,46 @@ TEST_CASE("parameters_of refers to the module's parameters and gradients", "[opt
     CHECK(values_of(problem.linear->weight) == std::vector<float>(6, 2.0f));
     copied[1].value.copy_from(std::vector<float>(2, 3.0f));
     CHECK(values_of(problem.linear->bias) == std::vector<float>(2, 3.0f));
+}
+
+namespace {
+
+/// The parameters of a linear_problem after three hivemesh adam steps over its
+/// module_parameters with host staging set to `staging`; checks that they stay in their storage.
+std::vector<float> adam_steps_with_host_staging(bool staging) {
+    const hivemesh::tensor::torch_host_staging_scope scope(staging);
+    linear_problem problem;
+    const auto params = ho::parameters_of(*problem.linear);
+    const void* weight_storage = problem.linear->weight.data_ptr();
+    const void* bias_storage = problem.linear->bias.data_ptr();
+    CHECK(params.list()[0].value.try_view().has_value() == !staging);
+    auto adam = ho::adam({.lr = 0.05,
+                          .beta1 = 0.8,
+                          .beta2 = 0.99,
+                          .eps = 1e-8,
+                          .weight_decay = 0.1,
+                          .decoupled_weight_decay = false});
+    for (int step = 0; step < 3; ++step) {
+        problem.loss();
+        adam.step(params);
+    }
+    CHECK(problem.linear->weight.data_ptr() == weight_storage);
+    CHECK(problem.linear->bias.data_ptr() == bias_storage);
+    CHECK(problem.linear->weight.requires_grad());
+    return problem.parameter_values();
+}
+
+} // namespace
+
+TEST_CASE("adam over module_parameters gives the same bits with host staging",
+          "[optim][torch][staging]") {
+    const auto direct = adam_steps_with_host_staging(false);
+    const auto staged = adam_steps_with_host_staging(true);
+    REQUIRE(staged.size() == direct.size());
+    CHECK(staged == direct);
+    // Bit for bit (== alone takes -0 for 0).
+    CHECK(std::memcmp(staged.data(), direct.data(), staged.size() * sizeof(float)) == 0);
+    CHECK(direct != linear_problem().parameter_values()); // the steps changed them
 }
 
 TEST_CASE("torch_optimizer exposes Adam's own state and continues from a copied state",
@@ -437,5 +482,192 @@ TEST_CASE("two peers train a module through torch::optim::Adam to identical para
     CHECK(adam_state(*adams[0], problems[0].linear->weight).step() == 3);
     for (auto& o : optimizers)
         o.close();
+    swarm.run_for(1s);
+}
+
+namespace {
+
+/// Linear, then BatchNorm: a model with running statistics (float) and a batch count (int64).
+struct batchnorm_net : torch::nn::Module {
+    batchnorm_net()
+        : fc(register_module("fc", torch::nn::Linear(4, 6)))
+        , bn(register_module("bn", torch::nn::BatchNorm1d(6))) {
+        const c10::NoGradGuard no_grad;
+        std::vector<float> w(24);
+        for (std::size_t i = 0; i < w.size(); ++i)
+            w[i] = -1.0f + static_cast<float>(i) / 11.5f;
+        fc->weight.copy_(tensor_of(w, {6, 4}));
+        fc->bias.zero_();
+    }
+
+    /// Forward and backward in training mode on peer `peer`'s batch of step `step`, which
+    /// updates the running statistics as training does. Those are then rounded to multiples
+    /// of 1/64, so that the mean of four peers' is exact in float32 and the test's oracle can
+    /// be equality.
+    void train_step(std::size_t peer, std::uint64_t step) {
+        for (auto& p : parameters())
+            p.mutable_grad().zero_();
+        std::vector<float> batch(32);
+        for (std::size_t i = 0; i < batch.size(); ++i)
+            batch[i] = (-1.0f + static_cast<float>(i) / 15.5f) * static_cast<float>(peer + 1) +
+                       static_cast<float>(step % 5);
+        const auto x = tensor_of(batch, {8, 4});
+        bn->forward(fc->forward(x)).pow(2).mean().backward();
+        const c10::NoGradGuard no_grad;
+        for (auto* b : {&bn->running_mean, &bn->running_var})
+            b->copy_((*b * 64).round() / 64);
+    }
+
+    std::vector<float> running_statistics() const {
+        auto v = values_of(bn->running_mean);
+        const auto var = values_of(bn->running_var);
+        v.insert(v.end(), var.begin(), var.end());
+        return v;
+    }
+    std::int64_t batches() const { return bn->num_batches_tracked.item<std::int64_t>(); }
+
+    torch::nn::Linear fc;
+    torch::nn::BatchNorm1d bn;
+};
+
+using sim_optimizer = ho::collaborative_optimizer<hivemesh::net::sim::transport>;
+
+ho::collaborative_options batchnorm_options(std::size_t group) {
+    using namespace std::chrono_literals;
+    ho::collaborative_options o;
+    o.run_id = "batchnorm";
+    o.target_batch_size = 512;
+    o.batch_size_per_step = 32;
+    o.matchmaking_time = 3s;
+    o.averaging_timeout = 10s;
+    o.averaging.target_group_size = group;
+    return o;
+}
+
+/// One peer of the BatchNorm swarm and what it saw at each epoch's end.
+struct batchnorm_peer {
+    batchnorm_peer(hivemesh::test::sim_peer& peer, std::size_t group)
+        : params(ho::parameters_of(*net))
+        , optimizer(peer, params.list(), ho::sgd({.lr = 0.1}), batchnorm_options(group),
+                    params.buffers()) {}
+
+    std::shared_ptr<batchnorm_net> net = std::make_shared<batchnorm_net>();
+    ho::module_parameters params;
+    sim_optimizer optimizer;
+    std::vector<std::vector<float>> held_before_round, after_round;
+    std::uint64_t steps = 0;
+    bool running = true;
+};
+
+asio::awaitable<void> train_batchnorm(batchnorm_peer* p, std::size_t index,
+                                      hivemesh::duration interval) {
+    hivemesh::net::sim::timer timer(co_await asio::this_coro::executor);
+    while (p->optimizer.local_epoch() < 2) {
+        timer.expires_after(interval);
+        co_await timer.async_wait(hivemesh::default_token_t{});
+        p->net->train_step(index, p->steps++);
+        const auto held = p->net->running_statistics();
+        auto [ec, report] = co_await p->optimizer.async_step(0, hivemesh::default_token_t{});
+        REQUIRE_FALSE(ec);
+        if (report.epoch_ended) {
+            CHECK(report.state_averaging.outcome == ho::round_outcome::averaged);
+            p->held_before_round.push_back(held);
+            p->after_round.push_back(p->net->running_statistics());
+        }
+    }
+    p->running = false;
+}
+
+} // namespace
+
+TEST_CASE("a BatchNorm model: each state round gives every peer the mean of the running "
+          "statistics, each keeps its batch count, and a newcomer takes its donor's",
+          "[optim][torch][collaborative]") {
+    using namespace std::chrono_literals;
+    // Staged through host memory as tensors on a GPU are, or read in place.
+    const bool staging = GENERATE(false, true);
+    INFO("host staging " << staging);
+    const hivemesh::tensor::torch_host_staging_scope scope(staging);
+    constexpr std::size_t peers = 4;
+    hivemesh::test::sim_peers swarm(52);
+    std::deque<batchnorm_peer> members;
+    for (std::size_t p = 0; p < peers; ++p)
+        members.emplace_back(swarm.add_peer(), peers);
+    CHECK(members[0].params.buffers().averaged.size() == 2);
+    CHECK(members[0].params.buffers().carried.size() == 1);
+    REQUIRE(swarm.run_until(
+        [&] {
+            return std::all_of(members.begin(), members.end(), [](const batchnorm_peer& m) {
+                return m.optimizer.global_progress().num_peers == peers;
+            });
+        },
+        60s));
+    const std::vector<hivemesh::duration> intervals{100ms, 170ms, 230ms, 130ms};
+    for (std::size_t p = 0; p < peers; ++p)
+        asio::co_spawn(swarm.network.get_executor(), train_batchnorm(&members[p], p, intervals[p]),
+                       asio::detached);
+    REQUIRE(swarm.run_until(
+        [&] {
+            return std::none_of(members.begin(), members.end(),
+                                [](const batchnorm_peer& m) { return m.running; });
+        },
+        300s));
+
+    for (std::size_t e = 0; e < 2; ++e) {
+        INFO("epoch " << e);
+        std::vector<float> mean(12, 0.0f);
+        for (const auto& m : members) {
+            REQUIRE(m.held_before_round.size() == 2);
+            for (std::size_t j = 0; j < mean.size(); ++j)
+                mean[j] += m.held_before_round[e][j] / static_cast<float>(peers);
+        }
+        for (const auto& m : members)
+            CHECK(m.after_round[e] == mean);
+    }
+    for (const auto& m : members) // one forward pass a step, never averaged
+        CHECK(m.net->batches() == static_cast<std::int64_t>(m.steps));
+    CHECK(members[0].params.buffers().averaged.size() == 2);
+
+    // A newcomer's first step finds the swarm ahead and downloads the state.
+    auto& late = members.emplace_back(swarm.add_peer(), peers + 1);
+    late.net->train_step(7, 0);
+    std::optional<ho::step_report> first;
+    late.optimizer.async_step(0, [&](std::error_code ec, ho::step_report r) {
+        CHECK_FALSE(ec);
+        first = r;
+    });
+    REQUIRE(swarm.run_until([&] { return first.has_value(); }, 60s));
+    REQUIRE(first->state_loaded);
+    REQUIRE_FALSE(first->state_error);
+    CHECK(late.net->running_statistics() == members[0].net->running_statistics());
+    CHECK(std::any_of(members.begin(), members.end() - 1, [&](const batchnorm_peer& m) {
+        return m.net->batches() == late.net->batches();
+    }));
+    CHECK(late.net->batches() != 1);
+    CHECK(values_of(late.net->fc->weight) == values_of(members[0].net->fc->weight));
+
+    // The state of a libtorch model saves and restores through a checkpoint file's bytes.
+    std::optional<ho::checkpoint> saved;
+    members[1].optimizer.async_state_dict([&](std::error_code ec, ho::checkpoint c) {
+        REQUIRE_FALSE(ec);
+        saved = std::move(c);
+    });
+    REQUIRE(swarm.run_until([&] { return saved.has_value(); }, 60s));
+    ho::checkpoint decoded;
+    REQUIRE_FALSE(ho::decode(ho::encode(*saved), decoded));
+    auto& restored = members.emplace_back(swarm.add_peer(), peers + 2);
+    std::optional<std::error_code> loaded;
+    restored.optimizer.async_load_state_dict(std::move(decoded),
+                                             [&](std::error_code ec) { loaded = ec; });
+    REQUIRE(swarm.run_until([&] { return loaded.has_value(); }, 60s));
+    REQUIRE_FALSE(*loaded);
+    CHECK(restored.net->running_statistics() == members[1].net->running_statistics());
+    CHECK(restored.net->batches() == members[1].net->batches());
+    CHECK(values_of(restored.net->fc->weight) == values_of(members[1].net->fc->weight));
+    CHECK(values_of(restored.net->bn->weight) == values_of(members[1].net->bn->weight));
+    CHECK(restored.optimizer.local_epoch() == 2);
+
+    for (auto& m : members)
+        m.optimizer.close();
     swarm.run_for(1s);
 }

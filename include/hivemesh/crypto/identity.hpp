@@ -10,6 +10,7 @@
 #include "hivemesh/core/bytes.hpp"
 #include "hivemesh/core/config.hpp"
 #include "hivemesh/core/error.hpp"
+#include "hivemesh/core/file.hpp"
 #include "hivemesh/crypto/peer_id.hpp"
 
 #include <sodium.h>
@@ -121,29 +122,6 @@ inline constexpr std::uint32_t identity_file_magic = 0x44494D48; // "HMID" littl
 inline constexpr std::uint8_t identity_file_version = 1;
 inline constexpr std::size_t identity_file_size =
     4 + 1 + crypto_sign_SEEDBYTES + crypto_sign_PUBLICKEYBYTES;
-
-inline std::error_code last_system_error() noexcept {
-    return {errno, std::system_category()};
-}
-
-/// Closes a file descriptor when it goes out of scope.
-struct file_descriptor {
-    int fd = -1;
-    explicit file_descriptor(int descriptor) noexcept
-        : fd(descriptor) {}
-    file_descriptor(const file_descriptor&) = delete;
-    file_descriptor& operator=(const file_descriptor&) = delete;
-    ~file_descriptor() {
-        if (fd >= 0) ::close(fd);
-    }
-};
-
-HIVEMESH_DECL std::error_code write_all(int fd, const unsigned char* data,
-                                        std::size_t size) noexcept;
-
-/// Reads at most `buffer.size()` bytes; returns how many were read.
-HIVEMESH_DECL std::size_t read_up_to(int fd, std::span<unsigned char> buffer,
-                                     std::error_code& ec) noexcept;
 
 } // namespace detail
 

@@ -15,8 +15,13 @@
 // together with the optimizer's state. With delay_grad_averaging / delay_optimizer_step the
 // gradient round and the optimizer step run in the background while the next epoch's batches
 // compute, and a later step() applies the update. A peer that is behind the
-// swarm (a newcomer, or one more than an epoch late) downloads the parameters, the optimizer's
-// state and the epoch from a peer before it continues.
+// swarm (a newcomer, or one more than an epoch late) downloads the parameters, the buffers,
+// the optimizer's state and the epoch from a peer before it continues.
+//
+// Buffers (model_buffers: BatchNorm's running statistics) are averaged with the parameters
+// wherever the parameters are (state rounds, and the parameter rounds of local-update mode);
+// integer buffers only travel with downloads and checkpoints. state_dict() and
+// load_state_dict() take and restore the whole state, for checkpoints.
 //
 // DHT keys and RPC methods, for run_id R: progress records under "R_progress"; the epoch's
 // rounds under the prefix "R_grads" (gradients), "R_params" (parameters) or "R_outer" (DiLoCo);
@@ -31,6 +36,7 @@
 #include "hivemesh/core/clock.hpp"
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/net/transport.hpp"
+#include "hivemesh/optim/checkpoint.hpp"
 #include "hivemesh/optim/local_optimizer.hpp"
 #include "hivemesh/optim/sgd.hpp"
 #include "hivemesh/optim/state_metadata.hpp"
@@ -207,6 +213,7 @@ struct optimizer_statistics {
 
 /// The longest run_id: the prefixes the optimizer derives from it stay valid.
 inline constexpr std::size_t max_collaborative_run_id_length = 90;
+static_assert(max_collaborative_run_id_length <= max_checkpoint_name_length);
 
 namespace detail {
 
@@ -251,6 +258,12 @@ inline averaging::averager_options round_options(const collaborative_options& o,
     return a;
 }
 
+/// Clears a flag when the scope ends.
+struct flag_release {
+    std::atomic<bool>& flag;
+    ~flag_release() { flag = false; }
+};
+
 /// The round tag of an epoch (0 means "untagged" to the averager).
 inline std::uint64_t round_tag(std::uint64_t epoch) noexcept {
     return epoch + 1;
@@ -273,10 +286,13 @@ public:
     using averager_type = averaging::averager<Transport>;
     using completion_signature = void(std::error_code, step_report);
 
-    /// Starts tracking progress and serving state. Throws std::invalid_argument for bad
-    /// options or parameters (a value and grad of different sizes, none at all).
+    /// Starts tracking progress and serving state. `buffers` are the model's tensors that are
+    /// not trained but must agree across the swarm (see model_buffers); kept by reference like
+    /// the parameters. Throws std::invalid_argument for bad options or parameters (a value and
+    /// grad of different sizes, none at all).
     collaborative_optimizer(peer_type& peer, std::vector<parameter> params,
-                            local_optimizer optimizer, collaborative_options options);
+                            local_optimizer optimizer, collaborative_options options,
+                            model_buffers buffers = {});
     collaborative_optimizer(const collaborative_optimizer&) = delete;
     collaborative_optimizer& operator=(const collaborative_optimizer&) = delete;
     /// close().
@@ -321,6 +337,45 @@ public:
             token);
     }
 
+    /// The optimizer's whole state, for a checkpoint (save_checkpoint writes it to a file):
+    /// the parameters, buffers, local (and DiLoCo's outer) optimizer state, step counts,
+    /// epoch and run_id. Not in it: the gradients accumulated in the current epoch. In the
+    /// delayed modes an update still running in the background is waited for and applied
+    /// first, as the next step would. Completion: void(std::error_code, checkpoint);
+    /// invalid_argument while a step runs, cancelled once closed. Not cancellable.
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code, checkpoint)) Token = default_token_t>
+    auto async_state_dict(Token&& token = default_token_t{}) {
+        return asio::async_initiate<Token, void(std::error_code, checkpoint)>(
+            [st = state_](auto handler) {
+                co_launch(st->executor, take_checkpoint(st), std::move(handler),
+                          "optim::collaborative_optimizer::async_state_dict");
+            },
+            token);
+    }
+    /// async_state_dict for training loops: blocks until it completes. Throws
+    /// std::system_error: wrong_thread on the peer's io thread, else its error.
+    checkpoint state_dict();
+
+    /// Restores a state that state_dict() took from an optimizer of the same run, local
+    /// optimizer and model: the local epoch becomes the checkpoint's, the gradients
+    /// accumulated in the current epoch are dropped, and a donor serves the restored state.
+    /// Everything is checked before anything changes. Completion: void(std::error_code):
+    /// invalid_argument for another run_id or local optimizer or while a step runs (the
+    /// reason is logged), size_mismatch for other tensor counts or sizes, corrupt_data for a
+    /// value that is not finite, cancelled once closed. Not cancellable.
+    template <ASIO_COMPLETION_TOKEN_FOR(void(std::error_code)) Token = default_token_t>
+    auto async_load_state_dict(checkpoint state, Token&& token = default_token_t{}) {
+        return asio::async_initiate<Token, void(std::error_code)>(
+            [st = state_](auto handler, checkpoint c) {
+                co_launch(st->executor, restore_checkpoint(st, std::move(c)), std::move(handler),
+                          "optim::collaborative_optimizer::async_load_state_dict");
+            },
+            token, std::move(state));
+    }
+    /// async_load_state_dict for training loops: blocks until it completes. Throws
+    /// std::system_error: wrong_thread on the peer's io thread, else its error.
+    void load_state_dict(checkpoint state);
+
     /// The local epoch: epochs this peer has completed (or loaded). Any thread.
     std::uint64_t local_epoch() const noexcept { return state_->epoch.load(); }
     /// The swarm's progress as this peer's tracker estimates it.
@@ -336,6 +391,7 @@ public:
     /// The local optimizer (e.g. for its learning rate); not while a step runs.
     local_optimizer& optimizer() noexcept { return state_->local; }
     const std::vector<parameter>& parameters() const noexcept { return state_->params; }
+    const model_buffers& buffers() const noexcept { return state_->model; }
     progress::tracker<Transport>& tracker() noexcept { return state_->tracker; }
 
     /// Stops: starts withdrawing the progress record and the donor record, and cancels the
@@ -413,8 +469,9 @@ private:
     };
 
     struct shared {
-        shared(peer_type& peer, std::vector<parameter> params, local_optimizer optimizer,
-               collaborative_options options, averaging::member_role role);
+        shared(peer_type& peer, std::vector<parameter> params, model_buffers model,
+               local_optimizer optimizer, collaborative_options options,
+               averaging::member_role role);
 
         time_point now() const { return net::transport_now<Transport>(executor); }
         bool serves_state() const { return server != nullptr; }
@@ -424,6 +481,7 @@ private:
         collaborative_options options;
         averaging::member_role role;
         std::vector<parameter> params;
+        model_buffers model;
         local_optimizer local;
         bool delayed() const {
             return options.delay_grad_averaging || options.delay_optimizer_step;
@@ -442,7 +500,8 @@ private:
         /// delay_optimizer_step: the values the background step updates, and {those, buffer}.
         std::vector<std::vector<float>> update_values;
         std::vector<parameter> update_params;
-        /// The parameters' values, then the optimizer's state tensors.
+        /// The parameters' values, the averaged buffers, then the optimizer's state tensors
+        /// (the local optimizer's, then the outer one's).
         std::vector<tensor::tensor_ref> state_tensors;
         progress::tracker<Transport> tracker;
         /// The epoch's round: gradients, or parameters in local-update mode (none when every
@@ -574,6 +633,19 @@ private:
     static asio::awaitable<void> publish_served_state(shared_ptr st);
     /// Moves to `epoch`: the tracker, the learning rate, the accumulators, the sync check.
     static void enter_epoch(shared& st, std::uint64_t epoch);
+    /// The integer buffers' values.
+    static std::vector<std::vector<std::int64_t>> integer_values(const shared& st);
+    /// Writes the integer buffers; on an error (a value the tensor cannot hold) restores
+    /// those already written and returns invalid_argument.
+    static std::error_code write_integers(shared& st,
+                                          const std::vector<std::vector<std::int64_t>>& values);
+
+    // ---- checkpoints (impl/collaborative_checkpoint.hpp) ---------------------------------
+
+    static asio::awaitable<std::pair<std::error_code, checkpoint>> take_checkpoint(shared_ptr st);
+    static asio::awaitable<std::error_code> restore_checkpoint(shared_ptr st, checkpoint c);
+    /// Why `c` cannot be restored here (logged), or success.
+    static std::error_code check_checkpoint(shared& st, const checkpoint& c);
 
     shared_ptr state_;
 };
@@ -581,6 +653,9 @@ private:
 template <net::transport Transport>
 collaborative_optimizer(basic_peer<Transport>&, std::vector<parameter>, local_optimizer,
                         collaborative_options) -> collaborative_optimizer<Transport>;
+template <net::transport Transport>
+collaborative_optimizer(basic_peer<Transport>&, std::vector<parameter>, local_optimizer,
+                        collaborative_options, model_buffers) -> collaborative_optimizer<Transport>;
 
 } // namespace hivemesh::optim
 
@@ -590,6 +665,7 @@ collaborative_optimizer(basic_peer<Transport>&, std::vector<parameter>, local_op
 // src/optim.cpp, for net::tcp and net::sim, and a program links them from there; the TCP
 // instantiation is declared extern so that no translation unit instantiates it again.
 #if !defined(HIVEMESH_SEPARATE_COMPILATION)
+#include "hivemesh/optim/impl/collaborative_checkpoint.hpp"
 #include "hivemesh/optim/impl/collaborative_delayed.hpp"
 #include "hivemesh/optim/impl/collaborative_rounds.hpp"
 #include "hivemesh/optim/impl/collaborative_state.hpp"

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "hivemesh/core/error.hpp"
+#include "hivemesh/tensor/integer.hpp"
 #include "hivemesh/tensor/raw.hpp"
 #include "hivemesh/tensor/tensor.hpp"
 
@@ -28,6 +29,18 @@ namespace hivemesh::optim {
 struct parameter {
     tensor::tensor_ref value;
     tensor::tensor_ref grad;
+};
+
+/// A model's tensors that are not trained but must agree across the swarm (hivemind's
+/// extra_tensors), such as BatchNorm's running statistics and batch count.
+struct model_buffers {
+    /// Float buffers (running mean and variance): averaged in every state round with equal
+    /// weights, as the parameters are; sent with a state download and saved in checkpoints.
+    std::vector<tensor::tensor_ref> averaged;
+    /// Integer buffers (num_batches_tracked): sent with a state download, where the donor's
+    /// replace this peer's, and saved in checkpoints; never averaged, so a state round leaves
+    /// each peer its own.
+    std::vector<tensor::integer_ref> carried;
 };
 
 /// The algorithm behind a local_optimizer. hivemesh provides sgd(), adam() and, with libtorch,

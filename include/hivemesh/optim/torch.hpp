@@ -1,5 +1,6 @@
-// libtorch: a module's parameters as hivemesh parameters, and a torch::optim optimizer as a
-// local_optimizer, with its state exposed as tensors for the known optimizer classes.
+// libtorch: a module's parameters and buffers as hivemesh parameters and model_buffers, and a
+// torch::optim optimizer as a local_optimizer, with its state exposed as tensors for the known
+// optimizer classes.
 #pragma once
 
 // First: in libtorch 1.13, clang 14 in C++20 mode rejects <torch/nn/module.h> and
@@ -41,11 +42,14 @@
 namespace hivemesh::optim {
 
 /// The parameters of a torch::nn::Module (recursively, in module.parameters() order) that
-/// require grad, as hivemesh parameters. It owns the at::Tensor handles its parameters'
-/// tensor_refs refer to, so it must outlive every copy of them; moving it keeps them valid,
-/// copying is not allowed. A parameter without a gradient gets a zero one, so that the grad
-/// refers to the tensor backward() accumulates into from then on (as long as nobody sets the
-/// module's gradients to none).
+/// require grad, as hivemesh parameters, and its buffers (in module.named_buffers() order) as
+/// model_buffers: floating-point buffers (BatchNorm's running_mean and running_var) averaged,
+/// integer ones (num_batches_tracked) carried. It owns the at::Tensor handles its tensor_refs
+/// refer to, so it must outlive every copy of them; moving it keeps them valid, copying is not
+/// allowed. A parameter without a gradient gets a zero one, so that the grad refers to the
+/// tensor backward() accumulates into from then on (as long as nobody sets the module's
+/// gradients to none). Undefined buffers are left out; a buffer of another type (bool,
+/// float64, complex) throws std::invalid_argument naming it.
 class module_parameters {
 public:
     explicit module_parameters(torch::nn::Module& module) {
@@ -56,10 +60,25 @@ public:
             values_.push_back(p);
             grads_.push_back(p.grad());
         }
-        // Only now that values_ and grads_ are complete: they never reallocate afterwards.
+        for (const auto& item : module.named_buffers()) {
+            const at::Tensor& b = item.value();
+            if (!b.defined()) continue;
+            const auto type = b.scalar_type();
+            if (type == at::kFloat || type == at::kHalf || type == at::kBFloat16)
+                averaged_.push_back(b);
+            else if (at::isIntegralType(type, /*includeBool=*/false))
+                carried_.push_back(b);
+            else
+                detail::throw_invalid("hivemesh::optim::parameters_of",
+                                      "buffer " + item.key() + " has dtype " + c10::toString(type) +
+                                          ", neither float32/float16/bfloat16 nor an integer type");
+        }
+        // Only now that the handles are complete: they never reallocate afterwards.
         params_.reserve(values_.size());
         for (std::size_t i = 0; i < values_.size(); ++i)
             params_.push_back({values_[i], grads_[i]});
+        buffers_.averaged.assign(averaged_.begin(), averaged_.end());
+        buffers_.carried.assign(carried_.begin(), carried_.end());
     }
 
     module_parameters(module_parameters&&) noexcept = default;
@@ -75,17 +94,26 @@ public:
     auto begin() const noexcept { return params_.begin(); }
     auto end() const noexcept { return params_.end(); }
 
-    /// The handles: the module's parameter tensors and their gradients.
+    /// The module's buffers, for the collaborative optimizer; copies refer to this object's
+    /// handles.
+    const model_buffers& buffers() const noexcept { return buffers_; }
+
+    /// The handles: the module's parameter tensors and their gradients, and its buffers.
     const std::vector<at::Tensor>& values() const noexcept { return values_; }
     const std::vector<at::Tensor>& grads() const noexcept { return grads_; }
+    const std::vector<at::Tensor>& averaged_buffers() const noexcept { return averaged_; }
+    const std::vector<at::Tensor>& integer_buffers() const noexcept { return carried_; }
 
 private:
     std::vector<at::Tensor> values_;
     std::vector<at::Tensor> grads_;
+    std::vector<at::Tensor> averaged_;
+    std::vector<at::Tensor> carried_;
     std::vector<parameter> params_;
+    model_buffers buffers_;
 };
 
-/// The trainable parameters of `module`; see module_parameters.
+/// The trainable parameters and the buffers of `module`; see module_parameters.
 inline module_parameters parameters_of(torch::nn::Module& module) {
     return module_parameters(module);
 }

@@ -6,40 +6,6 @@
 
 namespace hivemesh::crypto {
 
-namespace detail {
-
-HIVEMESH_DECL std::error_code write_all(int fd, const unsigned char* data,
-                                        std::size_t size) noexcept {
-    while (size > 0) {
-        const ssize_t n = ::write(fd, data, size);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return last_system_error();
-        }
-        data += n;
-        size -= static_cast<std::size_t>(n);
-    }
-    return {};
-}
-
-HIVEMESH_DECL std::size_t read_up_to(int fd, std::span<unsigned char> buffer,
-                                     std::error_code& ec) noexcept {
-    std::size_t total = 0;
-    while (total < buffer.size()) {
-        const ssize_t n = ::read(fd, buffer.data() + total, buffer.size() - total);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            ec = last_system_error();
-            return total;
-        }
-        if (n == 0) break;
-        total += static_cast<std::size_t>(n);
-    }
-    return total;
-}
-
-} // namespace detail
-
 HIVEMESH_DECL bool verify(const public_key& key, byte_view message, const signature& sig) noexcept {
     if (!detail::sodium_ready()) return false;
     return crypto_sign_verify_detached(detail::uchars(sig.bytes().data()),
@@ -124,15 +90,15 @@ HIVEMESH_DECL std::optional<identity> identity::load(const std::filesystem::path
                                                      std::error_code& ec) {
     ec.clear();
     // O_NOFOLLOW: a symlink planted in place of the key file is refused, not followed.
-    detail::file_descriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    hivemesh::file_descriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
     if (file.fd < 0) {
-        ec = detail::last_system_error();
+        ec = hivemesh::last_system_error();
         return std::nullopt;
     }
     // fstat on the open descriptor, so the checked file is the one we read.
     struct stat status {};
     if (::fstat(file.fd, &status) != 0) {
-        ec = detail::last_system_error();
+        ec = hivemesh::last_system_error();
         return std::nullopt;
     }
     if (!S_ISREG(status.st_mode)) {
@@ -145,7 +111,8 @@ HIVEMESH_DECL std::optional<identity> identity::load(const std::filesystem::path
     }
     // One byte more than a valid file, so an over-long file shows as trailing data.
     std::array<unsigned char, detail::identity_file_size + 1> content{};
-    const std::size_t size = detail::read_up_to(file.fd, content, ec);
+    const std::size_t size =
+        hivemesh::read_up_to(file.fd, std::as_writable_bytes(std::span(content)), ec);
     struct wipe_on_exit {
         std::span<unsigned char> bytes;
         ~wipe_on_exit() { sodium_memzero(bytes.data(), bytes.size()); }
@@ -202,22 +169,19 @@ HIVEMESH_DECL std::optional<identity> identity::create(const std::filesystem::pa
     temporary +=
         ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(randombytes_uniform(1u << 30));
     {
-        detail::file_descriptor file(
+        hivemesh::file_descriptor file(
             ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
         if (file.fd < 0) {
-            ec = detail::last_system_error();
+            ec = hivemesh::last_system_error();
             return std::nullopt;
         }
-        ec = detail::write_all(file.fd, content.data(), content.size());
-        if (!ec && ::fsync(file.fd) != 0) ec = detail::last_system_error();
+        ec = hivemesh::write_all(file.fd, content.data(), content.size());
+        if (!ec && ::fsync(file.fd) != 0) ec = hivemesh::last_system_error();
     }
-    if (!ec && ::link(temporary.c_str(), path.c_str()) != 0) ec = detail::last_system_error();
+    if (!ec && ::link(temporary.c_str(), path.c_str()) != 0) ec = hivemesh::last_system_error();
     ::unlink(temporary.c_str());
     if (ec) return std::nullopt;
-    // Make the new directory entry durable too; a failure here loses nothing we rely on.
-    const auto directory = path.has_parent_path() ? path.parent_path() : ".";
-    detail::file_descriptor dir(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dir.fd >= 0) ::fsync(dir.fd);
+    hivemesh::sync_directory_of(path);
     return created;
 }
 

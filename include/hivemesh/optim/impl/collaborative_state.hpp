@@ -21,7 +21,7 @@ namespace hivemesh::optim {
 
 template <net::transport Transport>
 collaborative_optimizer<Transport>::shared::shared(peer_type& peer, std::vector<parameter> p,
-                                                   local_optimizer optimizer,
+                                                   model_buffers m, local_optimizer optimizer,
                                                    collaborative_options o,
                                                    averaging::member_role r)
     : executor(peer.get_executor())
@@ -29,6 +29,7 @@ collaborative_optimizer<Transport>::shared::shared(peer_type& peer, std::vector<
     , options(std::move(o))
     , role(r)
     , params(std::move(p))
+    , model(std::move(m))
     , local(std::move(optimizer))
     , tracker(peer,
               [&] {
@@ -45,7 +46,8 @@ template <net::transport Transport>
 collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
                                                             std::vector<parameter> params,
                                                             local_optimizer optimizer,
-                                                            collaborative_options options) {
+                                                            collaborative_options options,
+                                                            model_buffers buffers) {
     using averaging::member_role;
     options = detail::checked(std::move(options));
     if (params.empty()) detail::throw_invalid(detail::collaborative_who, "no parameters");
@@ -63,8 +65,8 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
                               "delay_optimizer_step needs an optimizer that updates the values "
                               "it is given; " +
                                   optimizer.name() + " updates its module's own tensors");
-    state_ = std::make_shared<shared>(peer, std::move(params), std::move(optimizer),
-                                      std::move(options), role);
+    state_ = std::make_shared<shared>(peer, std::move(params), std::move(buffers),
+                                      std::move(optimizer), std::move(options), role);
     auto& st = *state_;
     const auto& o = st.options;
     st.epoch = o.tracking.initial_epoch;
@@ -76,9 +78,11 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
         }
     };
 
+    // The parameters with the buffers that must agree with them.
     std::vector<tensor::tensor_ref> values;
     for (const auto& p : st.params)
         values.push_back(p.value);
+    values.insert(values.end(), st.model.averaged.begin(), st.model.averaged.end());
     st.state_tensors = values;
     for (const auto& t : st.local.state_tensors(st.params))
         st.state_tensors.push_back(t);
@@ -246,7 +250,8 @@ template <net::transport Transport>
 void collaborative_optimizer<Transport>::refresh_served_state(shared& st) {
     if (!st.serves_state()) return;
     auto snapshot = std::make_shared<averaging::state_snapshot>();
-    snapshot->metadata = encode(state_metadata{st.epoch.load(), st.local.step_count()});
+    snapshot->metadata =
+        encode(state_metadata{st.epoch.load(), st.local.step_count(), integer_values(st)});
     snapshot->tensors.reserve(st.state_tensors.size());
     for (const auto& t : st.state_tensors) {
         auto& copy = snapshot->tensors.emplace_back(t.size());
@@ -280,6 +285,33 @@ void collaborative_optimizer<Transport>::enter_epoch(shared& st, std::uint64_t e
 }
 
 template <net::transport Transport>
+std::vector<std::vector<std::int64_t>>
+collaborative_optimizer<Transport>::integer_values(const shared& st) {
+    std::vector<std::vector<std::int64_t>> out;
+    out.reserve(st.model.carried.size());
+    for (const auto& t : st.model.carried)
+        out.push_back(t.values());
+    return out;
+}
+
+template <net::transport Transport>
+std::error_code collaborative_optimizer<Transport>::write_integers(
+    shared& st, const std::vector<std::vector<std::int64_t>>& values) {
+    const auto before = integer_values(st);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        try {
+            st.model.carried[i].copy_from(values[i]);
+        } catch (const std::system_error& e) {
+            log::warning("optim", "integer buffer ", i, " refused its new values: ", e.what());
+            for (std::size_t j = 0; j < i; ++j)
+                st.model.carried[j].copy_from(before[j]);
+            return errc::invalid_argument;
+        }
+    }
+    return {};
+}
+
+template <net::transport Transport>
 bool collaborative_optimizer<Transport>::should_load_state(shared& st) {
     if (st.role == averaging::member_role::aux || st.now() < st.next_load_attempt) return false;
     const std::uint64_t global = st.tracker.global_progress().epoch;
@@ -298,12 +330,19 @@ std::error_code collaborative_optimizer<Transport>::apply_state(shared& st,
                                                                 const averaging::state_snapshot& s,
                                                                 state_metadata& meta) {
     if (auto ec = decode(s.metadata, meta)) return ec;
-    if (s.tensors.size() != st.state_tensors.size()) return errc::size_mismatch;
+    if (s.tensors.size() != st.state_tensors.size() ||
+        meta.integer_buffers.size() != st.model.carried.size())
+        return errc::size_mismatch;
+    for (std::size_t i = 0; i < meta.integer_buffers.size(); ++i)
+        if (meta.integer_buffers[i].size() != st.model.carried[i].size())
+            return errc::size_mismatch;
     for (std::size_t i = 0; i < s.tensors.size(); ++i) {
         if (s.tensors[i].size() != st.state_tensors[i].size()) return errc::size_mismatch;
         for (const float x : s.tensors[i])
             if (!std::isfinite(x)) return errc::corrupt_data;
     }
+    // First the integers, the only writes that can fail (and then are undone).
+    if (auto ec = write_integers(st, meta.integer_buffers)) return ec;
     for (std::size_t i = 0; i < s.tensors.size(); ++i)
         st.state_tensors[i].copy_from(s.tensors[i]);
     for (std::size_t i = 0; i < st.start_values.size(); ++i) // DiLoCo starts from them
@@ -366,10 +405,7 @@ template <net::transport Transport>
 asio::awaitable<std::error_code>
 collaborative_optimizer<Transport>::load_state_alone(shared_ptr st) {
     if (st->stepping.exchange(true)) co_return errc::invalid_argument;
-    struct release {
-        std::atomic<bool>& flag;
-        ~release() { flag = false; }
-    } guard{st->stepping};
+    const detail::flag_release release{st->stepping};
     co_return co_await load_state(st);
 }
 

@@ -17,12 +17,6 @@ namespace hivemesh::optim {
 
 namespace detail {
 
-/// Clears a flag when the scope ends.
-struct flag_release {
-    std::atomic<bool>& flag;
-    ~flag_release() { flag = false; }
-};
-
 /// sum = weight · g over `n` elements (a block of for_each_block).
 template <class Count>
 void scale_block(float* __restrict sum, const float* __restrict g, float weight, Count n) {
