@@ -37,6 +37,10 @@ void check_launch(const trainer_options& o) {
     }
     if (o.single && o.multi_host())
         throw std::invalid_argument("--single trains alone: it takes no --listen or --join");
+    if (o.single && !o.checkpoint.empty())
+        throw std::invalid_argument("--checkpoint saves the peers of a swarm, not --single");
+    if (o.resume && o.checkpoint.empty())
+        throw std::invalid_argument("--resume needs --checkpoint DIR, where the peers saved");
     for (const auto& k : o.kill)
         hivemesh::examples::detail::parse_kill(k);
     for (const std::string split : {"train", "t10k"})

@@ -41,6 +41,7 @@ struct peer_record {
     double started = 0;            ///< seconds since the launch
     std::optional<double> joined, left;
     std::uint64_t joined_epoch = 0, joined_global_epoch = 0;
+    std::optional<std::uint64_t> resumed_from_epoch; ///< the epoch of its checkpoint
     bool joined_state_loaded = false;
     std::vector<std::string> addresses;
     nlohmann::json progress = nlohmann::json::object(); ///< the latest progress event
@@ -383,6 +384,8 @@ private:
             p.joined_epoch = e.value("epoch", std::uint64_t{0});
             p.joined_global_epoch = e.value("global_epoch", std::uint64_t{0});
             p.joined_state_loaded = e.value("state_loaded", false);
+            if (e.contains("resumed_from_epoch") && e["resumed_from_epoch"].is_number())
+                p.resumed_from_epoch = e["resumed_from_epoch"].get<std::uint64_t>();
         } else if (event == "progress") {
             p.progress = e;
             record_.metrics.push_back({now(), p.rank, e.value("epoch", std::uint64_t{0}),

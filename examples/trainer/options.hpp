@@ -13,6 +13,9 @@
 
 namespace hivemesh::examples {
 
+/// The models --model names (examples/trainer/model.hpp).
+inline const std::vector<std::string> model_names{"cnn", "cnn-bn", "mlp", "resnet18"};
+
 struct trainer_options {
     // The swarm.
     std::size_t peers = 4;
@@ -45,6 +48,9 @@ struct trainer_options {
     std::vector<std::string> kill; ///< RANK@SECONDS: kill that peer then, no replacement
     bool single = false;
     std::string report = "report";
+    std::string checkpoint; ///< directory of the peers' checkpoints; empty: none
+    std::uint64_t checkpoint_every = 10;
+    bool resume = false;
     std::string data = "/usr/share/datasets/fashion-mnist";
     // Set by the launcher for the processes it starts.
     bool worker = false;
@@ -111,7 +117,7 @@ inline void add_trainer_options(CLI::App& app, trainer_options& o) {
 
     const auto training = "Training";
     app.add_option("--model", o.model, "The model")
-        ->check(CLI::IsMember({"cnn", "mlp"}))
+        ->check(CLI::IsMember(model_names))
         ->group(training);
     app.add_option("--batch-size", o.batch_size, "Samples per local batch")
         ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{60000}))
@@ -183,6 +189,16 @@ inline void add_trainer_options(CLI::App& app, trainer_options& o) {
                    "Directory of the report (report.json, metrics.csv, charts)")
         ->group(run);
     app.add_option("--data", o.data, "Directory of the Fashion-MNIST IDX files")->group(run);
+    app.add_option("--checkpoint", o.checkpoint,
+                   "Directory where each peer saves its whole state (peer-RANK.ckpt), every "
+                   "--checkpoint-every epochs and when it stops, atomically")
+        ->group(run);
+    app.add_option("--checkpoint-every", o.checkpoint_every, "Epochs between checkpoints")
+        ->check(program::positive)
+        ->group(run);
+    app.add_flag("--resume", o.resume,
+                 "Each peer continues from its checkpoint in --checkpoint, if it has one")
+        ->group(run);
 
     // The launcher's options for the processes it starts; not for users.
     app.add_flag("--worker", o.worker)->group("");
@@ -216,6 +232,9 @@ inline nlohmann::ordered_json to_json(const trainer_options& o) {
             {"churn", o.churn},
             {"kill", o.kill},
             {"single", o.single},
+            {"checkpoint", o.checkpoint},
+            {"checkpoint_every", o.checkpoint_every},
+            {"resume", o.resume},
             {"data", o.data}};
 }
 

@@ -152,6 +152,7 @@ inline nlohmann::ordered_json write_report(const trainer_options& o, const run_r
     std::vector<std::pair<std::size_t, phase_seconds>> phases;
     std::uint64_t samples_total = 0, epochs = 0;
     double least_attributed = 1;
+    std::optional<std::uint64_t> resumed_from; ///< the earliest checkpoint a peer resumed from
     for (const auto& p : run.peers) {
         const nlohmann::json& last = p.done ? *p.done : p.progress;
         const auto samples = last.value("samples", std::uint64_t{0});
@@ -170,7 +171,13 @@ inline nlohmann::ordered_json write_report(const trainer_options& o, const run_r
             {"left", p.left ? nlohmann::ordered_json(*p.left) : nlohmann::ordered_json()},
             {"joined_epoch", p.joined_epoch},
             {"joined_global_epoch", p.joined_global_epoch},
-            {"joined_state_loaded", p.joined_state_loaded}};
+            {"joined_state_loaded", p.joined_state_loaded},
+            {"resumed_from_epoch", p.resumed_from_epoch
+                                       ? nlohmann::ordered_json(*p.resumed_from_epoch)
+                                       : nlohmann::ordered_json()}};
+        if (p.resumed_from_epoch)
+            resumed_from =
+                std::min(resumed_from.value_or(*p.resumed_from_epoch), *p.resumed_from_epoch);
         if (p.done) {
             const double wall = p.done->value("wall", 0.0);
             const auto ph =
@@ -180,6 +187,7 @@ inline nlohmann::ordered_json write_report(const trainer_options& o, const run_r
             entry["samples_per_second"] = wall > 0 ? static_cast<double>(samples) / wall : 0;
             entry["wall"] = wall;
             entry["parameters_hash"] = p.done->value("parameters_hash", "");
+            entry["buffers_hash"] = p.done->value("buffers_hash", "");
             entry["phases"] = to_json(ph);
             entry["attributed_fraction"] = attributed;
             entry["optimizer"] = p.done->value("stats", nlohmann::json::object());
@@ -215,6 +223,8 @@ inline nlohmann::ordered_json write_report(const trainer_options& o, const run_r
         {"samples_per_second",
          run.wall_seconds > 0 ? static_cast<double>(samples_total) / run.wall_seconds : 0},
         {"epochs", epochs},
+        {"resumed_from_epoch",
+         resumed_from ? nlohmann::ordered_json(*resumed_from) : nlohmann::ordered_json()},
         {"attributed_fraction", phases.empty() ? 0.0 : least_attributed},
         {"config", to_json(o)},
         {"peers", peers},

@@ -41,13 +41,15 @@ namespace detail {
 
 /// The events a worker sends, one JSON object per line on stdout:
 ///   {"event":"listening","rank":R,"addresses":[...]}       (a swarm peer, once it listens)
-///   {"event":"joined","rank":R,"epoch":E,"global_epoch":G,"state_loaded":B} (training
-///    starts, after a state download if the swarm was ahead; G: the swarm's epoch before it)
+///   {"event":"joined","rank":R,"epoch":E,"global_epoch":G,"state_loaded":B,
+///    "resumed_from_epoch":K|null} (training starts, after restoring its checkpoint (epoch K)
+///    and after a state download if the swarm was ahead; G: the swarm's epoch before it)
 ///   {"event":"progress","rank":R,"epoch":..,"samples":..,"samples_per_second":..,
 ///    "loss":..,"next_round":S|null,"global_epoch":..,"peers":..}
 ///   {"event":"snapshot","rank":R,"epoch":E,"file":PATH,"final":B}
 ///   {"event":"done","rank":R,"epoch":..,"samples":..,"wall":..,"parameters_hash":HEX,
-///    "phases":{..},"stats":{..}}
+///    "buffers_hash":HEX,"phases":{..},"stats":{..}}   (the hashes: of the parameters and
+///    of the float buffers, which every peer of a swarm ends with the same)
 ///   {"event":"error","rank":R,"message":TEXT}
 class worker_events {
 public:
@@ -77,7 +79,26 @@ inline optim::local_optimizer make_local_optimizer(const trainer_options& o) {
     return optim::adam(a);
 }
 
-/// Writes the model's parameters to `<report>/snapshots/epoch-<E>.bin` (flat float32).
+/// XXH3-64 of the tensors' float32 values, in hex.
+inline std::string hash_of(const std::vector<at::Tensor>& tensors) {
+    XXH3_state_t* state = XXH3_createState();
+    XXH3_64bits_reset(state);
+    for (const auto& t : tensors) {
+        const auto c = t.detach().to(at::kFloat).contiguous();
+        XXH3_64bits_update(state, c.data_ptr<float>(), static_cast<std::size_t>(c.numel()) * 4);
+    }
+    const auto hash = XXH3_64bits_digest(state);
+    XXH3_freeState(state);
+    return program::format("%016llx", static_cast<unsigned long long>(hash));
+}
+
+/// The file of this peer's checkpoints in --checkpoint.
+inline std::filesystem::path checkpoint_file(const trainer_options& o) {
+    return std::filesystem::path(o.checkpoint) / ("peer-" + std::to_string(o.rank) + ".ckpt");
+}
+
+/// Writes the model's parameters and float buffers to `<report>/snapshots/epoch-<E>.bin`
+/// (flat float32).
 inline std::string write_snapshot(classifier& model, const trainer_options& o, std::uint64_t epoch,
                                   bool final) {
     const auto directory = std::filesystem::path(o.report) / "snapshots";
@@ -166,16 +187,16 @@ public:
     void done(std::uint64_t epoch, phase_seconds phases, nlohmann::ordered_json stats) {
         const double wall = elapsed() - snapshot_seconds_;
         phases.other = std::max(0.0, wall - phases.named());
-        const auto values = flat_parameters(model_);
-        const auto hash =
-            program::format("%016llx", static_cast<unsigned long long>(XXH3_64bits(
-                                           values.data(), values.size() * sizeof(float))));
+        std::vector<at::Tensor> float_buffers;
+        for (const auto& b : model_.buffers())
+            if (at::isFloatingType(b.scalar_type())) float_buffers.push_back(b);
         events_.send({{"event", "done"},
                       {"epoch", epoch},
                       {"samples", samples_},
                       {"wall", wall},
                       {"snapshot_seconds", snapshot_seconds_},
-                      {"parameters_hash", hash},
+                      {"parameters_hash", hash_of(model_.parameters())},
+                      {"buffers_hash", hash_of(float_buffers)},
                       {"phases", to_json(phases)},
                       {"stats", std::move(stats)}});
     }
@@ -290,8 +311,24 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
         co.tracking.min_refresh = 100ms;
         co.averaging.matchmaking.poll_interval = 100ms;
     }
-    optim::collaborative_optimizer optimizer(swarm_peer, params.list(), make_local_optimizer(o),
-                                             co);
+    std::optional<optim::checkpoint> resumed;
+    if (o.resume && std::filesystem::exists(checkpoint_file(o))) {
+        resumed = optim::load_checkpoint(checkpoint_file(o));
+        co.tracking.initial_epoch = resumed->epoch; // its first record already says so
+    }
+    optim::collaborative_optimizer optimizer(swarm_peer, params.list(), make_local_optimizer(o), co,
+                                             params.buffers());
+    std::optional<std::uint64_t> resumed_from;
+    if (resumed) {
+        resumed_from = resumed->epoch;
+        optimizer.load_state_dict(std::move(*resumed));
+    }
+    // Saving happens between steps: the trainer's thread owns the model then.
+    const auto save = [&] {
+        if (o.checkpoint.empty()) return;
+        std::filesystem::create_directories(o.checkpoint);
+        optim::save_checkpoint(checkpoint_file(o), optimizer.state_dict());
+    };
 
     // The peers the launcher started train from the same moment; a newcomer waits only for
     // its tracker's first read of the DHT, which tells whether the swarm is ahead.
@@ -320,13 +357,18 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
     events.send({{"event", "joined"},
                  {"epoch", optimizer.local_epoch()},
                  {"global_epoch", global_at_join},
-                 {"state_loaded", optimizer.statistics().state_loads > 0}});
+                 {"state_loaded", optimizer.statistics().state_loads > 0},
+                 {"resumed_from_epoch", resumed_from ? nlohmann::ordered_json(*resumed_from)
+                                                     : nlohmann::ordered_json()}});
     while (!loop.should_stop(optimizer.local_epoch())) {
         loop.forward_backward(phases);
         const auto t0 = training_loop::clock::now();
         const auto report = optimizer.step(o.batch_size);
         step_seconds += seconds_f(training_loop::clock::now() - t0).count();
-        if (report.epoch_ended) loop.snapshot(report.epoch, false);
+        if (report.epoch_ended) {
+            loop.snapshot(report.epoch, false);
+            if (report.epoch % o.checkpoint_every == 0) save();
+        }
         const auto progress = optimizer.global_progress();
         std::optional<double> next_round;
         if (progress.eta != time_point::max())
@@ -338,6 +380,7 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
                                                      : nlohmann::ordered_json()}});
     }
     loop.snapshot(optimizer.local_epoch(), true);
+    save();
     const auto s = optimizer.statistics();
     phases.matchmaking = seconds_of(s.waiting_for_group);
     phases.allreduce = seconds_of(s.averaging);

@@ -4,10 +4,12 @@
 //
 //   trainer_report_check REPORT.json [--min-accuracy A] [--finished N] [--live N]
 //                        [--same-parameters] [--min-attributed F] [--killed RANK]
-//                        [--replacements N] [--in-swarm]
+//                        [--replacements N] [--in-swarm] [--same-buffers] [--resumed]
+//                        [--near-accuracy OTHER.json --within D]
 #include "../../examples/trainer/phases.hpp"
 #include "program.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -36,7 +38,9 @@ int main(int argc, char** argv) {
     double min_accuracy = 0, min_attributed = 0.95;
     std::size_t finished = 0, replacements = 0;
     std::optional<std::size_t> live;
-    bool same_parameters = false, in_swarm = false;
+    bool same_parameters = false, in_swarm = false, same_buffers = false, resumed = false;
+    std::string other_report;
+    double within = 0.02;
     std::optional<std::size_t> killed;
     CLI::App app{"Checks a collaborative_trainer report."};
     app.add_option("report", path, "report.json")->required();
@@ -47,6 +51,13 @@ int main(int argc, char** argv) {
                    "stopped before it joined");
     app.add_flag("--same-parameters", same_parameters,
                  "Every finished peer ends with the same parameters");
+    app.add_flag("--same-buffers", same_buffers,
+                 "Every finished peer ends with the same float buffers (BatchNorm statistics)");
+    app.add_flag("--resumed", resumed,
+                 "Every peer resumed from a checkpoint, of an epoch > 0, and finished past it");
+    app.add_option("--near-accuracy", other_report,
+                   "Another run's report.json: test accuracies within --within of each other");
+    app.add_option("--within", within);
     app.add_option("--min-attributed", min_attributed);
     app.add_option("--killed", killed, "This peer was killed");
     app.add_option("--replacements", replacements,
@@ -76,7 +87,25 @@ int main(int argc, char** argv) {
           "test_accuracy " + report["test_accuracy"].dump() +
               " >= " + std::to_string(min_accuracy));
     std::size_t done = 0, late = 0, not_killed = 0;
-    std::string hash;
+    std::string hash, buffers;
+    if (!other_report.empty()) {
+        std::ifstream other_in(other_report);
+        const auto other = nlohmann::json::parse(other_in, nullptr, false);
+        const bool number = other.is_object() && has_number(other, "test_accuracy");
+        check(number, other_report + ": test_accuracy is a number");
+        if (number) {
+            const double a = report["test_accuracy"].get<double>();
+            const double b = other["test_accuracy"].get<double>();
+            check(std::abs(a - b) <= within, "test accuracy " + std::to_string(a) + " within " +
+                                                 std::to_string(within) + " of " +
+                                                 std::to_string(b) + " (" + other_report + ")");
+        }
+    }
+    if (resumed)
+        check(has_number(report, "resumed_from_epoch") &&
+                  report["resumed_from_epoch"].get<std::uint64_t>() > 0,
+              "report.resumed_from_epoch " +
+                  report.value("resumed_from_epoch", nlohmann::json()).dump() + " > 0");
     for (const auto& p : report["peers"]) {
         const std::string rank = p.contains("rank") ? p["rank"].dump() : "?";
         for (const char* key : {"rank", "epoch", "samples", "samples_per_second"})
@@ -102,6 +131,17 @@ int main(int argc, char** argv) {
             if (same_parameters && !hash.empty())
                 check(h == hash, "peer " + rank + ": parameters " + h + " == " + hash);
             if (hash.empty()) hash = h;
+            const std::string b = p.value("buffers_hash", "");
+            if (same_buffers && !buffers.empty())
+                check(b == buffers, "peer " + rank + ": buffers " + b + " == " + buffers);
+            if (buffers.empty()) buffers = b;
+            if (resumed) {
+                const auto from = p.value("resumed_from_epoch", nlohmann::json());
+                check(from.is_number() && from.get<std::uint64_t>() > 0 &&
+                          p.value("epoch", std::uint64_t{0}) > from.get<std::uint64_t>(),
+                      "peer " + rank + " resumed from epoch " + from.dump() +
+                          " > 0 and trained past it to " + p["epoch"].dump());
+            }
             if (in_swarm) {
                 const auto target = report["config"].value("target_batch_size", std::uint64_t{0});
                 const auto epoch = p.value("epoch", std::uint64_t{0});
@@ -112,7 +152,11 @@ int main(int argc, char** argv) {
                           " (it trained in a swarm)");
             }
         }
-        if (p.value("joined_global_epoch", 0) > 0) {
+        // A peer that started behind the swarm (after its checkpoint, if it resumed).
+        const auto resumed_epoch = p.value("resumed_from_epoch", nlohmann::json());
+        const std::uint64_t start =
+            resumed_epoch.is_number() ? resumed_epoch.get<std::uint64_t>() : 0;
+        if (p.value("joined_global_epoch", std::uint64_t{0}) > start) {
             ++late;
             check(p.value("joined_state_loaded", false), "peer " + rank + " loaded state");
             check(p.value("joined_epoch", 0) + 1 >= p.value("joined_global_epoch", 0),
