@@ -95,28 +95,7 @@ TEST_CASE("adamw follows the reference on std::span", "[optim][adam]") {
 TEST_CASE("adam state tensors are exp_avg and exp_avg_sq of each parameter",
           "[optim][adam][state]") {
     const ho::adam_options options{.lr = 0.01, .beta1 = 0.8, .weight_decay = 0.1};
-    vector_parameters tensors;
-    auto optimizer = ho::adam(options);
-
-    // Before the first step: zeros, two per parameter, parameter after parameter.
-    const auto state = optimizer.state_tensors(tensors.params);
-    REQUIRE(state.size() == 6);
-    for (std::size_t k = 0; k < 3; ++k) {
-        const auto n = tensors.values[k].size();
-        CHECK(read(state[2 * k]) == std::vector<float>(n, 0.0f));
-        CHECK(read(state[2 * k + 1]) == std::vector<float>(n, 0.0f));
-    }
-    CHECK(optimizer.step_count() == 0);
-
-    // After steps the same references hold the moments.
-    reference_adam reference(options);
-    check_against_reference(optimizer, reference, tensors.params, 3);
-    CHECK(optimizer.step_count() == 3);
-    for (std::size_t k = 0; k < 3; ++k) {
-        INFO("parameter " << k);
-        check_close(read(state[2 * k]), reference.exp_avg[k], hivemesh::test::state_margin);
-        check_close(read(state[2 * k + 1]), reference.exp_avg_sq[k]);
-    }
+    hivemesh::test::check_moment_state_tensors(ho::adam(options), reference_adam(options));
 }
 
 TEST_CASE("adam and adamw are named", "[optim][adam]") {

@@ -153,6 +153,18 @@ struct collaborative_swarm {
         asio::co_spawn(peers.network.get_executor(), train(&t), asio::detached);
     }
 
+    /// One step of `t` outside its training loop, with a fresh gradient; its report.
+    std::optional<optim::step_report> one_step(trainer& t) {
+        std::optional<optim::step_report> report;
+        t.model.compute_gradient();
+        t.optimizer->async_step(0, [&](std::error_code ec, optim::step_report r) {
+            CHECK_FALSE(ec);
+            report = r;
+        });
+        REQUIRE(peers.run_until([&] { return report.has_value(); }, 60s));
+        return report;
+    }
+
     /// Starts every trainer and runs until all stop (REQUIREd within `max`).
     void run(duration max = 600s) {
         for (auto& t : trainers)
@@ -625,13 +637,7 @@ TEST_CASE("buffers: each state round averages the float buffers exactly and leav
     auto& late = swarm.add(run_options(1024, peers + 1), plain_sgd(0.5), 150ms, false, true);
     late.running_stat.assign(64, 99.0f);
     late.tracked[0] = -5;
-    std::optional<optim::step_report> first;
-    late.model.compute_gradient();
-    late.optimizer->async_step(0, [&](std::error_code ec, optim::step_report r) {
-        CHECK_FALSE(ec);
-        first = r;
-    });
-    REQUIRE(swarm.peers.run_until([&] { return first.has_value(); }, 60s));
+    const auto first = swarm.one_step(late);
     REQUIRE(first->state_loaded);
     REQUIRE_FALSE(first->state_error);
     CHECK(late.running_stat == after_round[0][1]);
@@ -654,13 +660,7 @@ TEST_CASE("a late joiner loads the state and trains on at the global epoch",
 
     auto& late = swarm.add(run_options(1024, 3), plain_sgd(0.5), 150ms);
     // Its first step finds the swarm ahead: the batch is dropped and the state downloaded.
-    std::optional<optim::step_report> first;
-    late.model.compute_gradient();
-    late.optimizer->async_step(0, [&](std::error_code ec, optim::step_report r) {
-        CHECK_FALSE(ec);
-        first = r;
-    });
-    REQUIRE(swarm.peers.run_until([&] { return first.has_value(); }, 60s));
+    const auto first = swarm.one_step(late);
     CHECK(first->state_loaded);
     CHECK_FALSE(first->state_error);
     CHECK(first->epoch == 2);

@@ -24,6 +24,7 @@ namespace ho = hivemesh::optim;
 using hivemesh::test::check_against_reference;
 using hivemesh::test::check_close;
 using hivemesh::test::check_values;
+using hivemesh::test::newcomer_continues_donor;
 using hivemesh::test::parameter_values;
 using hivemesh::test::read;
 using hivemesh::test::vector_parameters;
@@ -135,48 +136,6 @@ std::string describe(const ho::lamb_options& o) {
            std::to_string(o.beta2) + ", eps " + std::to_string(o.eps) + ", weight_decay " +
            std::to_string(o.weight_decay) + ", bias_correction " +
            std::to_string(o.bias_correction) + ", clamp_value " + std::to_string(o.clamp_value);
-}
-
-void set_initial_values(vector_parameters& tensors) {
-    const auto values = hivemesh::test::initial_values();
-    for (std::size_t k = 0; k < values.size(); ++k)
-        tensors.values[k] = hivemesh::test::as_floats(values[k]);
-}
-
-void set_gradients(vector_parameters& tensors, std::size_t step) {
-    const auto grads = hivemesh::test::gradients(step);
-    for (std::size_t k = 0; k < grads.size(); ++k)
-        tensors.grads[k] = hivemesh::test::as_floats(grads[k]);
-}
-
-/// A donor steps three times; a newcomer that never stepped receives its parameters, state
-/// tensors and (if `copy_step_count`) step count. Returns whether both give the same
-/// parameters and state after one more step with the same gradients.
-bool newcomer_continues_donor(const ho::lamb_options& options, bool copy_step_count) {
-    auto donor = ho::lamb(options), newcomer = ho::lamb(options);
-    vector_parameters donor_tensors, newcomer_tensors;
-    set_initial_values(donor_tensors);
-    for (std::size_t step = 0; step < 3; ++step) {
-        set_gradients(donor_tensors, step);
-        donor.step(donor_tensors.params);
-    }
-
-    newcomer_tensors.values = donor_tensors.values;
-    const auto from = donor.state_tensors(donor_tensors.params);
-    const auto to = newcomer.state_tensors(newcomer_tensors.params);
-    REQUIRE(from.size() == to.size());
-    for (std::size_t i = 0; i < from.size(); ++i)
-        to[i].copy_from(read(from[i]));
-    if (copy_step_count) newcomer.set_step_count(donor.step_count());
-
-    set_gradients(donor_tensors, 3);
-    set_gradients(newcomer_tensors, 3);
-    donor.step(donor_tensors.params);
-    newcomer.step(newcomer_tensors.params);
-    bool same = donor_tensors.values == newcomer_tensors.values;
-    for (std::size_t i = 0; i < from.size(); ++i)
-        same = same && read(from[i]) == read(to[i]);
-    return same;
 }
 
 } // namespace
@@ -359,36 +318,18 @@ TEST_CASE("lamb follows the reference on std::span", "[optim][lamb]") {
 TEST_CASE("lamb state tensors are exp_avg and exp_avg_sq of each parameter",
           "[optim][lamb][state]") {
     const ho::lamb_options options{.lr = 0.01, .beta1 = 0.8, .weight_decay = 0.1};
-    vector_parameters tensors;
-    auto optimizer = ho::lamb(options);
-
-    // Before the first step: zeros, two per parameter, parameter after parameter.
-    const auto state = optimizer.state_tensors(tensors.params);
-    REQUIRE(state.size() == 6);
-    for (std::size_t k = 0; k < 3; ++k) {
-        const auto n = tensors.values[k].size();
-        CHECK(read(state[2 * k]) == std::vector<float>(n, 0.0f));
-        CHECK(read(state[2 * k + 1]) == std::vector<float>(n, 0.0f));
-    }
-    CHECK(optimizer.step_count() == 0);
-
-    // After steps the same references hold the moments.
-    reference_lamb reference(options);
-    check_against_reference(optimizer, reference, tensors.params, 3);
-    CHECK(optimizer.step_count() == 3);
-    for (std::size_t k = 0; k < 3; ++k) {
-        INFO("parameter " << k);
-        check_close(read(state[2 * k]), reference.exp_avg[k], hivemesh::test::state_margin);
-        check_close(read(state[2 * k + 1]), reference.exp_avg_sq[k]);
-    }
+    hivemesh::test::check_moment_state_tensors(ho::lamb(options), reference_lamb(options));
 }
 
 TEST_CASE("lamb continues from state written into its state tensors", "[optim][lamb][state]") {
+    const auto continues = [](const ho::lamb_options& options, bool copy_step_count) {
+        return newcomer_continues_donor(ho::lamb(options), ho::lamb(options), copy_step_count);
+    };
     // A newcomer given the donor's state and step count continues it bit for bit.
-    CHECK(newcomer_continues_donor({.lr = 0.01, .eps = 0.1, .weight_decay = 0.1}, true));
-    CHECK(newcomer_continues_donor({.lr = 0.01, .bias_correction = false}, true));
+    CHECK(continues({.lr = 0.01, .eps = 0.1, .weight_decay = 0.1}, true));
+    CHECK(continues({.lr = 0.01, .bias_correction = false}, true));
     // Without the count its bias correction differs (visible through eps).
-    CHECK_FALSE(newcomer_continues_donor({.lr = 0.01, .eps = 0.1}, false));
+    CHECK_FALSE(continues({.lr = 0.01, .eps = 0.1}, false));
 
     // State written by hand: m = 0.5 and v = 0.25 before a step with g = 0 and β1 = β2 = 0.5
     // without bias correction give m = 0.25, v = 0.125, r = 0.25 / (√0.125 + 0.25) = 0.414214

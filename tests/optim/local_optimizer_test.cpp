@@ -23,54 +23,12 @@ namespace ho = hivemesh::optim;
 using hivemesh::errc;
 using hivemesh::test::gradients;
 using hivemesh::test::initial_values;
+using hivemesh::test::newcomer_continues_donor;
 using hivemesh::test::read;
 using hivemesh::test::thrown_code;
 using hivemesh::test::vector_parameters;
 
 namespace {
-
-/// Writes the oracle gradients of `step` into `tensors`' grads.
-void set_gradients(vector_parameters& tensors, std::size_t step) {
-    const auto grads = gradients(step);
-    for (std::size_t k = 0; k < grads.size(); ++k)
-        tensors.grads[k] = hivemesh::test::as_floats(grads[k]);
-}
-
-void set_initial_values(vector_parameters& tensors) {
-    const auto values = initial_values();
-    for (std::size_t k = 0; k < values.size(); ++k)
-        tensors.values[k] = hivemesh::test::as_floats(values[k]);
-}
-
-/// A donor steps three times; a newcomer that never stepped receives its parameters, state
-/// tensors and (if `copy_step_count`) step count. Returns whether both give the same
-/// parameters and state after one more step with the same gradients.
-bool newcomer_continues_donor(ho::local_optimizer donor, ho::local_optimizer newcomer,
-                              bool copy_step_count) {
-    vector_parameters donor_tensors, newcomer_tensors;
-    set_initial_values(donor_tensors);
-    for (std::size_t step = 0; step < 3; ++step) {
-        set_gradients(donor_tensors, step);
-        donor.step(donor_tensors.params);
-    }
-
-    newcomer_tensors.values = donor_tensors.values;
-    const auto from = donor.state_tensors(donor_tensors.params);
-    const auto to = newcomer.state_tensors(newcomer_tensors.params);
-    REQUIRE(from.size() == to.size());
-    for (std::size_t i = 0; i < from.size(); ++i)
-        to[i].copy_from(read(from[i]));
-    if (copy_step_count) newcomer.set_step_count(donor.step_count());
-
-    set_gradients(donor_tensors, 3);
-    set_gradients(newcomer_tensors, 3);
-    donor.step(donor_tensors.params);
-    newcomer.step(newcomer_tensors.params);
-    bool same = donor_tensors.values == newcomer_tensors.values;
-    for (std::size_t i = 0; i < from.size(); ++i)
-        same = same && read(from[i]) == read(to[i]);
-    return same;
-}
 
 /// The optimizers, in a vector (an initializer_list would need copies).
 template <class... Optimizers>

@@ -235,4 +235,73 @@ struct span_parameters {
     std::vector<optim::parameter> params;
 };
 
+/// Writes the oracle gradients of `step` into `tensors`' grads.
+inline void set_gradients(vector_parameters& tensors, std::size_t step) {
+    const auto grads = gradients(step);
+    for (std::size_t k = 0; k < grads.size(); ++k)
+        tensors.grads[k] = as_floats(grads[k]);
+}
+
+/// Writes the oracle's initial values into `tensors`' values.
+inline void set_initial_values(vector_parameters& tensors) {
+    const auto values = initial_values();
+    for (std::size_t k = 0; k < values.size(); ++k)
+        tensors.values[k] = as_floats(values[k]);
+}
+
+/// A donor steps three times; a newcomer that never stepped receives its parameters, state
+/// tensors and (if `copy_step_count`) step count. Returns whether both give the same
+/// parameters and state after one more step with the same gradients.
+inline bool newcomer_continues_donor(optim::local_optimizer donor, optim::local_optimizer newcomer,
+                                     bool copy_step_count) {
+    vector_parameters donor_tensors, newcomer_tensors;
+    set_initial_values(donor_tensors);
+    for (std::size_t step = 0; step < 3; ++step) {
+        set_gradients(donor_tensors, step);
+        donor.step(donor_tensors.params);
+    }
+
+    newcomer_tensors.values = donor_tensors.values;
+    const auto from = donor.state_tensors(donor_tensors.params);
+    const auto to = newcomer.state_tensors(newcomer_tensors.params);
+    REQUIRE(from.size() == to.size());
+    for (std::size_t i = 0; i < from.size(); ++i)
+        to[i].copy_from(read(from[i]));
+    if (copy_step_count) newcomer.set_step_count(donor.step_count());
+
+    set_gradients(donor_tensors, 3);
+    set_gradients(newcomer_tensors, 3);
+    donor.step(donor_tensors.params);
+    newcomer.step(newcomer_tensors.params);
+    bool same = donor_tensors.values == newcomer_tensors.values;
+    for (std::size_t i = 0; i < from.size(); ++i)
+        same = same && read(from[i]) == read(to[i]);
+    return same;
+}
+
+/// What Adam and LAMB share: their state tensors are exp_avg and exp_avg_sq of each parameter
+/// of the oracle problem, zeros before the first step and `reference`'s moments after three.
+template <class Reference>
+void check_moment_state_tensors(optim::local_optimizer optimizer, Reference reference) {
+    vector_parameters tensors;
+    // Before the first step: zeros, two per parameter, parameter after parameter.
+    const auto state = optimizer.state_tensors(tensors.params);
+    REQUIRE(state.size() == 6);
+    for (std::size_t k = 0; k < 3; ++k) {
+        const auto n = tensors.values[k].size();
+        CHECK(read(state[2 * k]) == std::vector<float>(n, 0.0f));
+        CHECK(read(state[2 * k + 1]) == std::vector<float>(n, 0.0f));
+    }
+    CHECK(optimizer.step_count() == 0);
+
+    // After steps the same references hold the moments.
+    check_against_reference(optimizer, reference, tensors.params, 3);
+    CHECK(optimizer.step_count() == 3);
+    for (std::size_t k = 0; k < 3; ++k) {
+        INFO("parameter " << k);
+        check_close(read(state[2 * k]), reference.exp_avg[k], state_margin);
+        check_close(read(state[2 * k + 1]), reference.exp_avg_sq[k]);
+    }
+}
+
 } // namespace hivemesh::test

@@ -97,13 +97,8 @@ inline const adam_options& validated(const adam_options& o) {
     const std::string who =
         o.decoupled_weight_decay ? "hivemesh::optim::adamw" : "hivemesh::optim::adam";
     require_non_negative(who, "lr", o.lr);
-    const auto require_beta = [&](const char* option, double beta) {
-        if (!(beta >= 0 && beta < 1))
-            throw_invalid(who, std::string("invalid ") + option + " " + number_text(beta) +
-                                   " (must be in [0, 1))");
-    };
-    require_beta("beta1", o.beta1);
-    require_beta("beta2", o.beta2);
+    require_beta(who, "beta1", o.beta1);
+    require_beta(who, "beta2", o.beta2);
     require_non_negative(who, "eps", o.eps);
     require_non_negative(who, "weight_decay", o.weight_decay);
     return o;

@@ -121,13 +121,8 @@ void lamb_update_block(const lamb_coefficients& c, float negative_step, float* _
 inline const lamb_options& validated(const lamb_options& o) {
     const std::string who = "hivemesh::optim::lamb";
     require_non_negative(who, "lr", o.lr);
-    const auto require_beta = [&](const char* option, double beta) {
-        if (!(beta >= 0 && beta < 1))
-            throw_invalid(who, std::string("invalid ") + option + " " + number_text(beta) +
-                                   " (must be in [0, 1))");
-    };
-    require_beta("beta1", o.beta1);
-    require_beta("beta2", o.beta2);
+    require_beta(who, "beta1", o.beta1);
+    require_beta(who, "beta2", o.beta2);
     require_non_negative(who, "eps", o.eps);
     require_non_negative(who, "weight_decay", o.weight_decay);
     require_non_negative(who, "clamp_value", o.clamp_value);

@@ -129,6 +129,13 @@ inline void require_non_negative(std::string_view who, const char* option, doubl
                                " (must be >= 0)");
 }
 
+/// Rejects a moment's decay rate outside [0, 1) or NaN.
+inline void require_beta(std::string_view who, const char* option, double beta) {
+    if (!(beta >= 0 && beta < 1))
+        throw_invalid(who, std::string("invalid ") + option + " " + number_text(beta) +
+                               " (must be in [0, 1))");
+}
+
 /// True when two spans share at least one element.
 inline bool overlap(std::span<const float> a, std::span<const float> b) noexcept {
     if (a.empty() || b.empty()) return false;
