@@ -116,6 +116,7 @@ TEST_CASE("sgd state tensors are the momentum buffers", "[optim][sgd][state]") {
     // Before the first step: one zero buffer per parameter, of its size.
     const auto state = optimizer.state_tensors(tensors.params);
     REQUIRE(state.size() == 3);
+    CHECK(optimizer.state_names(tensors.params) == std::vector<std::string>(3, "momentum_buffer"));
     for (std::size_t k = 0; k < state.size(); ++k) {
         CHECK(state[k].size() == tensors.values[k].size());
         CHECK(read(state[k]) == std::vector<float>(tensors.values[k].size(), 0.0f));
@@ -133,6 +134,7 @@ TEST_CASE("sgd without momentum has no state tensors", "[optim][sgd][state]") {
     vector_parameters tensors;
     auto optimizer = ho::sgd({.lr = 0.1});
     CHECK(optimizer.state_tensors(tensors.params).empty());
+    CHECK(optimizer.state_names(tensors.params).empty());
     optimizer.step(tensors.params);
     CHECK(optimizer.state_tensors(tensors.params).empty());
     CHECK(optimizer.name() == "sgd");

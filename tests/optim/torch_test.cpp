@@ -272,6 +272,8 @@ TEST_CASE("torch_optimizer exposes Adam's own state and continues from a copied 
     CHECK(read(state[3]) == std::vector<float>(2, 0.0f));
     CHECK(adam->state().size() == 2);
     CHECK(optimizer.step_count() == 0);
+    CHECK(optimizer.state_names(params) ==
+          std::vector<std::string>{"exp_avg", "exp_avg_sq", "exp_avg", "exp_avg_sq"});
 
     // Three steps match a plain torch Adam that never had its state made early.
     torch::optim::Adam plain_adam(plain.linear->parameters(), torch::optim::AdamOptions(0.05));

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace hivemesh::test {
@@ -287,6 +288,9 @@ void check_moment_state_tensors(optim::local_optimizer optimizer, Reference refe
     // Before the first step: zeros, two per parameter, parameter after parameter.
     const auto state = optimizer.state_tensors(tensors.params);
     REQUIRE(state.size() == 6);
+    CHECK(optimizer.state_names(tensors.params) ==
+          std::vector<std::string>{"exp_avg", "exp_avg_sq", "exp_avg", "exp_avg_sq", "exp_avg",
+                                   "exp_avg_sq"});
     for (std::size_t k = 0; k < 3; ++k) {
         const auto n = tensors.values[k].size();
         CHECK(read(state[2 * k]) == std::vector<float>(n, 0.0f));

@@ -110,7 +110,7 @@ public:
         : builtin_algorithm(validated(options),
                             options.decoupled_weight_decay ? "hivemesh::optim::adamw"
                                                            : "hivemesh::optim::adam",
-                            2) {}
+                            {"exp_avg", "exp_avg_sq"}) {}
 
     void step(std::span<const parameter> params) override {
         check_parameters(params, who_);

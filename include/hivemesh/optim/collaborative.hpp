@@ -89,6 +89,11 @@ struct collaborative_options {
     /// Every this many epochs a round averages the parameters and the optimizer's state
     /// (with equal weights); 0: never.
     std::uint64_t average_state_every = 1;
+    /// Which of the local optimizer's state tensors the state rounds average, by name
+    /// (local_optimizer::state_names: "exp_avg", "exp_avg_sq", "momentum_buffer", ...), as
+    /// hivemind's average_opt_statistics; std::nullopt: all of them; empty: none. The others
+    /// stay each peer's own in a round, and still travel with downloads and checkpoints.
+    std::optional<std::vector<std::string>> average_opt_statistics;
     /// Gradient mode only. delay_grad_averaging: the epoch's gradient round runs in the
     /// background while the trainer computes the next epoch's batches (from parameters one
     /// update late), and the first step() after the round applies the optimizer step.
@@ -501,8 +506,11 @@ private:
         std::vector<std::vector<float>> update_values;
         std::vector<parameter> update_params;
         /// The parameters' values, the averaged buffers, then the optimizer's state tensors
-        /// (the local optimizer's, then the outer one's).
+        /// (the local optimizer's, then the outer one's): what downloads and checkpoints carry.
         std::vector<tensor::tensor_ref> state_tensors;
+        /// What the state rounds average: state_tensors less the local optimizer's state that
+        /// average_opt_statistics leaves out.
+        std::vector<tensor::tensor_ref> averaged_state;
         progress::tracker<Transport> tracker;
         /// The epoch's round: gradients, or parameters in local-update mode (none when every
         /// epoch averages the state).

@@ -132,7 +132,8 @@ inline const lamb_options& validated(const lamb_options& o) {
 class lamb_algorithm final : public builtin_algorithm<lamb_options> {
 public:
     explicit lamb_algorithm(const lamb_options& options)
-        : builtin_algorithm(validated(options), "hivemesh::optim::lamb", 2) {}
+        : builtin_algorithm(validated(options), "hivemesh::optim::lamb",
+                            {"exp_avg", "exp_avg_sq"}) {}
 
     void step(std::span<const parameter> params) override {
         check_parameters(params, who_);

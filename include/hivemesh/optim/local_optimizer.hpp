@@ -52,6 +52,11 @@ public:
 
     virtual void step(std::span<const parameter> params) = 0;
     virtual std::vector<tensor::tensor_ref> state_tensors(std::span<const parameter> params) = 0;
+    /// The name of each state tensor; empty for an algorithm that does not name them.
+    virtual std::vector<std::string> state_names(std::span<const parameter> params) {
+        static_cast<void>(params);
+        return {};
+    }
     virtual std::uint64_t step_count() const = 0;
     virtual void set_step_count(std::uint64_t count) = 0;
     virtual double learning_rate() const = 0;
@@ -86,6 +91,14 @@ public:
     /// stay valid as long as the optimizer. Throws std::invalid_argument as step() does.
     std::vector<tensor::tensor_ref> state_tensors(std::span<const parameter> params) {
         return algorithm_->state_tensors(params);
+    }
+
+    /// The name of each of state_tensors(params), in the same order ("exp_avg", "exp_avg_sq",
+    /// "momentum_buffer", ... as torch.optim names them), for choosing which a state round
+    /// averages (collaborative_options::average_opt_statistics); empty when the algorithm does
+    /// not name them. Throws as state_tensors() does.
+    std::vector<std::string> state_names(std::span<const parameter> params) {
+        return algorithm_->state_names(params);
     }
 
     /// Scalar state that travels with the tensors: the number of steps taken (Adam's bias
@@ -258,6 +271,14 @@ public:
         return state_.refs();
     }
 
+    std::vector<std::string> state_names(std::span<const parameter> params) override {
+        state_.fit(params, who_);
+        std::vector<std::string> names;
+        for (std::size_t i = 0; i < params.size(); ++i)
+            names.insert(names.end(), slot_names_.begin(), slot_names_.end());
+        return names;
+    }
+
     std::uint64_t step_count() const override { return step_count_; }
     void set_step_count(std::uint64_t count) override { step_count_ = count; }
 
@@ -268,13 +289,16 @@ public:
     }
 
 protected:
-    builtin_algorithm(const Options& options, std::string who, std::size_t slots)
+    /// `slot_names`: the state buffers of each parameter, by name.
+    builtin_algorithm(const Options& options, std::string who, std::vector<std::string> slot_names)
         : options_(options)
         , who_(std::move(who))
-        , state_(slots) {}
+        , slot_names_(std::move(slot_names))
+        , state_(slot_names_.size()) {}
 
     Options options_;
     std::string who_;
+    std::vector<std::string> slot_names_;
     state_buffers state_;
     std::uint64_t step_count_ = 0;
 };

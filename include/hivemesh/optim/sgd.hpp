@@ -91,7 +91,8 @@ class sgd_algorithm final : public builtin_algorithm<sgd_options> {
 public:
     explicit sgd_algorithm(const sgd_options& options)
         : builtin_algorithm(validated(options), "hivemesh::optim::sgd",
-                            options.momentum != 0 ? 1 : 0) {}
+                            options.momentum != 0 ? std::vector<std::string>{"momentum_buffer"}
+                                                  : std::vector<std::string>{}) {}
 
     void step(std::span<const parameter> params) override {
         check_parameters(params, who_);

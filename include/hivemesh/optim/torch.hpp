@@ -189,6 +189,11 @@ public:
         return refs;
     }
 
+    std::vector<std::string> state_names(std::span<const parameter> params) override {
+        state_tensors(params);
+        return names_;
+    }
+
     std::uint64_t step_count() const override {
         if (!counts_per_parameter()) return own_step_count_;
         const auto tensors = torch_parameters();
@@ -362,26 +367,28 @@ private:
 
     /// Appends a parameter's state tensors to `out`, in the documented order.
     static void append_state(const torch::optim::OptimizerParamState& s,
-                             std::vector<at::Tensor>& out) {
-        const auto add = [&](const at::Tensor& t) {
-            if (t.defined()) out.push_back(t);
+                             std::vector<at::Tensor>& out, std::vector<std::string>& names) {
+        const auto add = [&](const char* name, const at::Tensor& t) {
+            if (!t.defined()) return;
+            out.push_back(t);
+            names.emplace_back(name);
         };
         if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(&s)) {
-            add(adam->exp_avg());
-            add(adam->exp_avg_sq());
-            add(adam->max_exp_avg_sq());
+            add("exp_avg", adam->exp_avg());
+            add("exp_avg_sq", adam->exp_avg_sq());
+            add("max_exp_avg_sq", adam->max_exp_avg_sq());
         } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(&s)) {
-            add(adamw->exp_avg());
-            add(adamw->exp_avg_sq());
-            add(adamw->max_exp_avg_sq());
+            add("exp_avg", adamw->exp_avg());
+            add("exp_avg_sq", adamw->exp_avg_sq());
+            add("max_exp_avg_sq", adamw->max_exp_avg_sq());
         } else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(&s)) {
-            add(sgd->momentum_buffer());
+            add("momentum_buffer", sgd->momentum_buffer());
         } else if (const auto* rms = dynamic_cast<const torch::optim::RMSpropParamState*>(&s)) {
-            add(rms->square_avg());
-            add(rms->momentum_buffer());
-            add(rms->grad_avg());
+            add("square_avg", rms->square_avg());
+            add("momentum_buffer", rms->momentum_buffer());
+            add("grad_avg", rms->grad_avg());
         } else if (const auto* adagrad = dynamic_cast<const torch::optim::AdagradParamState*>(&s)) {
-            add(adagrad->sum());
+            add("sum", adagrad->sum());
         }
     }
 
@@ -390,14 +397,16 @@ private:
     std::size_t refresh_handles() {
         make_state();
         std::vector<at::Tensor> current;
+        std::vector<std::string> names;
         for (const auto& group : optimizer_->param_groups())
             for (const auto& p : group.params()) {
                 const auto it = optimizer_->state().find(state_key(p));
-                if (it != optimizer_->state().end()) append_state(*it->second, current);
+                if (it != optimizer_->state().end()) append_state(*it->second, current, names);
             }
         if (handles_.size() < current.size()) handles_.resize(current.size());
         for (std::size_t i = 0; i < current.size(); ++i)
             handles_[i] = std::move(current[i]);
+        names_ = std::move(names);
         return current.size();
     }
 
@@ -408,6 +417,7 @@ private:
     /// SGD states that make_state() filled with zeros and no step has used yet.
     std::unordered_set<std::string> made_here_;
     std::deque<at::Tensor> handles_;
+    std::vector<std::string> names_; ///< of the handles in use, as refresh_handles found them
 };
 
 } // namespace detail

@@ -84,8 +84,27 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
         values.push_back(p.value);
     values.insert(values.end(), st.model.averaged.begin(), st.model.averaged.end());
     st.state_tensors = values;
-    for (const auto& t : st.local.state_tensors(st.params))
-        st.state_tensors.push_back(t);
+    st.averaged_state = values;
+    const auto local_state = st.local.state_tensors(st.params);
+    st.state_tensors.insert(st.state_tensors.end(), local_state.begin(), local_state.end());
+    if (!o.average_opt_statistics) {
+        st.averaged_state.insert(st.averaged_state.end(), local_state.begin(), local_state.end());
+    } else {
+        const auto names = st.local.state_names(st.params);
+        if (names.size() != local_state.size())
+            detail::throw_invalid(detail::collaborative_who,
+                                  "average_opt_statistics: " + st.local.name() +
+                                      " does not name its state tensors");
+        for (const auto& wanted : *o.average_opt_statistics)
+            if (std::find(names.begin(), names.end(), wanted) == names.end())
+                detail::throw_invalid(detail::collaborative_who,
+                                      "average_opt_statistics: " + st.local.name() +
+                                          " has no state named \"" + wanted + "\"");
+        for (std::size_t i = 0; i < local_state.size(); ++i)
+            if (std::find(o.average_opt_statistics->begin(), o.average_opt_statistics->end(),
+                          names[i]) != o.average_opt_statistics->end())
+                st.averaged_state.push_back(local_state[i]);
+    }
     if (!o.use_local_updates || o.outer_optimizer) copies(st.buffers);
     if (!o.use_local_updates)
         for (std::size_t i = 0; i < st.params.size(); ++i) {
@@ -97,8 +116,10 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
         copies(st.start_values);
         for (std::size_t i = 0; i < st.params.size(); ++i)
             st.outer_params.push_back({st.start_values[i], st.buffers[i]});
-        for (const auto& t : st.outer->state_tensors(st.outer_params))
+        for (const auto& t : st.outer->state_tensors(st.outer_params)) {
             st.state_tensors.push_back(t);
+            st.averaged_state.push_back(t);
+        }
     }
     if (o.delay_optimizer_step) {
         copies(st.update_values);
@@ -122,7 +143,7 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
             st.compute);
     }
     st.state = std::make_unique<averager_type>(
-        peer.rpc(), peer.dht(), announce, st.state_tensors,
+        peer.rpc(), peer.dht(), announce, st.averaged_state,
         detail::round_options(o, o.run_id, role, o.state_compression, true), st.compute);
 
     if (o.learning_rate_schedule) st.local.set_learning_rate(o.learning_rate_schedule(st.epoch));
