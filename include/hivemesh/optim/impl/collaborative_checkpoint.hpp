@@ -141,12 +141,14 @@ collaborative_optimizer<Transport>::restore_checkpoint(shared_ptr st, checkpoint
     if (st->closed) co_return make_error_code(errc::cancelled);
     if (st->stepping.exchange(true)) co_return make_error_code(errc::invalid_argument);
     const detail::flag_release release{st->stepping};
-    if (auto ec = check_checkpoint(*st, c)) co_return ec;
+    std::error_code ec;
+    auto check = [&] { ec = check_checkpoint(*st, c); }; // a pass over every value
+    co_await offload(st->compute, check);
+    if (ec) co_return ec;
     // What is running would write over the restored state.
     co_await drop_delayed(st);
     co_await abandon(st->scheduled_round);
     co_await abandon(st->scheduled_state);
-    std::error_code ec;
     auto restore = [&] {
         auto& self = *st;
         if ((ec = write_integers(self, c.integer_buffers))) return;
