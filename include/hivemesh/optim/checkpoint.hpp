@@ -20,11 +20,11 @@
 #include "hivemesh/core/bytes.hpp"
 #include "hivemesh/core/error.hpp"
 #include "hivemesh/core/file.hpp"
+#include "hivemesh/optim/state_metadata.hpp"
 
 #include <xxhash.h>
 
 #include <array>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -33,7 +33,6 @@
 #include <span>
 #include <string>
 #include <system_error>
-#include <type_traits>
 #include <vector>
 
 namespace hivemesh::optim {
@@ -71,46 +70,6 @@ namespace detail {
 inline constexpr std::size_t checkpoint_header_size = checkpoint_magic.size() + 4;
 inline constexpr std::size_t checkpoint_checksum_size = 8;
 
-template <class T>
-void write_tensor_list(binary_writer& w, const std::vector<std::vector<T>>& list) {
-    w.write(static_cast<std::uint32_t>(list.size()));
-    for (const auto& t : list) {
-        w.write(static_cast<std::uint64_t>(t.size()));
-        if constexpr (std::endian::native == std::endian::little) {
-            w.write_bytes(as_bytes(std::span(t)));
-        } else {
-            for (const T x : t)
-                if constexpr (std::is_same_v<T, float>)
-                    w.write_f32(x);
-                else
-                    w.write(x);
-        }
-    }
-}
-
-template <class T>
-std::vector<std::vector<T>> read_tensor_list(binary_reader& r) {
-    std::vector<std::vector<T>> list;
-    const auto count = r.read<std::uint32_t>();
-    // Each tensor takes at least its 8-byte element count.
-    if (!r.check_count(count, 8, std::numeric_limits<std::uint32_t>::max())) return list;
-    list.resize(count);
-    for (auto& t : list) {
-        t.resize(r.read_count(sizeof(T), std::numeric_limits<std::size_t>::max()));
-        if constexpr (std::endian::native == std::endian::little) {
-            const byte_view bytes = r.read_bytes(t.size() * sizeof(T));
-            if (!bytes.empty()) std::memcpy(t.data(), bytes.data(), bytes.size());
-        } else {
-            for (auto& x : t)
-                if constexpr (std::is_same_v<T, float>)
-                    x = r.read_f32();
-                else
-                    x = r.read<T>();
-        }
-    }
-    return list;
-}
-
 } // namespace detail
 
 /// The checkpoint file's bytes (see the file comment). Throws std::system_error
@@ -118,13 +77,11 @@ std::vector<std::vector<T>> read_tensor_list(binary_reader& r) {
 /// tensors.
 inline byte_buffer encode(const checkpoint& c) {
     std::size_t size = detail::checkpoint_header_size + 8 + c.run_id.size() + c.optimizer.size() +
-                       3 * 8 + 6 * 4 + detail::checkpoint_checksum_size;
+                       3 * 8 + detail::tensor_list_size(c.integer_buffers) +
+                       detail::checkpoint_checksum_size;
     for (const auto* list :
          {&c.parameters, &c.buffers, &c.optimizer_state, &c.outer_start, &c.outer_state})
-        for (const auto& t : *list)
-            size += 8 + 4 * t.size();
-    for (const auto& t : c.integer_buffers)
-        size += 8 + 8 * t.size();
+        size += detail::tensor_list_size(*list);
     byte_buffer out;
     out.reserve(size);
     binary_writer w(out);

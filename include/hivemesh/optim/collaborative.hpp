@@ -49,12 +49,14 @@
 #include <asio/use_future.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -261,6 +263,34 @@ inline averaging::averager_options round_options(const collaborative_options& o,
     if (state && a.allreduce.slow_link_codec)
         a.allreduce.slow_link_codec = compression::kind::float16;
     return a;
+}
+
+/// Copies of the tensors' values.
+inline std::vector<std::vector<float>> copies_of(std::span<const tensor::tensor_ref> tensors) {
+    std::vector<std::vector<float>> out;
+    out.reserve(tensors.size());
+    for (const auto& t : tensors) {
+        auto& copy = out.emplace_back(t.size());
+        t.copy_to(copy);
+    }
+    return out;
+}
+
+/// True when no value in `list` is NaN or infinite.
+inline bool all_finite(const std::vector<std::vector<float>>& list) {
+    for (const auto& t : list)
+        for (const float x : t)
+            if (!std::isfinite(x)) return false;
+    return true;
+}
+
+/// True when `list` has one tensor of each of `tensors`' sizes.
+template <class Tensors, class T>
+bool same_sizes(const Tensors& tensors, const std::vector<std::vector<T>>& list) {
+    if (list.size() != tensors.size()) return false;
+    for (std::size_t i = 0; i < list.size(); ++i)
+        if (list[i].size() != tensors[i].size()) return false;
+    return true;
 }
 
 /// Clears a flag when the scope ends.
@@ -641,6 +671,10 @@ private:
     static asio::awaitable<void> publish_served_state(shared_ptr st);
     /// Moves to `epoch`: the tracker, the learning rate, the accumulators, the sync check.
     static void enter_epoch(shared& st, std::uint64_t epoch);
+    /// The parameters' values: the first entries of state_tensors.
+    static std::span<const tensor::tensor_ref> parameter_values(const shared& st) {
+        return std::span(st.state_tensors).first(st.params.size());
+    }
     /// The integer buffers' values.
     static std::vector<std::vector<std::int64_t>> integer_values(const shared& st);
     /// Writes the integer buffers; on an error (a value the tensor cannot hold) restores

@@ -6,7 +6,6 @@
 
 #include <asio/use_future.hpp>
 
-#include <cmath>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -14,30 +13,6 @@
 #include <vector>
 
 namespace hivemesh::optim {
-
-namespace detail {
-
-/// Copies of the tensors' values.
-inline std::vector<std::vector<float>> copies_of(std::span<const tensor::tensor_ref> tensors) {
-    std::vector<std::vector<float>> out;
-    out.reserve(tensors.size());
-    for (const auto& t : tensors) {
-        auto& copy = out.emplace_back(t.size());
-        t.copy_to(copy);
-    }
-    return out;
-}
-
-/// True when `list` has one tensor of each of `tensors`' sizes.
-template <class Tensors, class T>
-bool same_sizes(const Tensors& tensors, const std::vector<std::vector<T>>& list) {
-    if (list.size() != tensors.size()) return false;
-    for (std::size_t i = 0; i < list.size(); ++i)
-        if (list[i].size() != tensors[i].size()) return false;
-    return true;
-}
-
-} // namespace detail
 
 template <net::transport Transport>
 checkpoint collaborative_optimizer<Transport>::state_dict() {
@@ -75,10 +50,7 @@ collaborative_optimizer<Transport>::take_checkpoint(shared_ptr st) {
         c.epoch = self.epoch.load();
         c.optimizer = self.local.name();
         c.step_count = self.local.step_count();
-        std::vector<tensor::tensor_ref> values;
-        for (const auto& p : self.params)
-            values.push_back(p.value);
-        c.parameters = detail::copies_of(values);
+        c.parameters = detail::copies_of(parameter_values(self));
         c.buffers = detail::copies_of(self.model.averaged);
         c.integer_buffers = integer_values(self);
         c.optimizer_state = detail::copies_of(self.local.state_tensors(self.params));
@@ -105,10 +77,7 @@ std::error_code collaborative_optimizer<Transport>::check_checkpoint(shared& st,
     if (c.optimizer != st.local.name())
         return refuse(errc::invalid_argument,
                       "its local optimizer is " + c.optimizer + ", not " + st.local.name());
-    std::vector<tensor::tensor_ref> values;
-    for (const auto& p : st.params)
-        values.push_back(p.value);
-    if (!detail::same_sizes(values, c.parameters))
+    if (!detail::same_sizes(parameter_values(st), c.parameters))
         return refuse(errc::size_mismatch, "its parameters differ in number or size");
     if (!detail::same_sizes(st.model.averaged, c.buffers) ||
         !detail::same_sizes(st.model.carried, c.integer_buffers))
@@ -122,15 +91,9 @@ std::error_code collaborative_optimizer<Transport>::check_checkpoint(shared& st,
     } else if (!c.outer_start.empty() || !c.outer_state.empty()) {
         return refuse(errc::size_mismatch, "it holds DiLoCo state, and this optimizer has none");
     }
-    const auto finite = [](const std::vector<std::vector<float>>& list) {
-        for (const auto& t : list)
-            for (const float x : t)
-                if (!std::isfinite(x)) return false;
-        return true;
-    };
     for (const auto* list :
          {&c.parameters, &c.buffers, &c.optimizer_state, &c.outer_start, &c.outer_state})
-        if (!finite(*list))
+        if (!detail::all_finite(*list))
             return refuse(errc::corrupt_data, "it holds a value that is not finite");
     return {};
 }

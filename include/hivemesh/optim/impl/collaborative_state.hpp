@@ -71,13 +71,6 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
     const auto& o = st.options;
     st.epoch = o.tracking.initial_epoch;
 
-    const auto copies = [&st](std::vector<std::vector<float>>& out) {
-        for (const auto& p : st.params) {
-            auto& copy = out.emplace_back(p.value.size());
-            p.value.copy_to(copy);
-        }
-    };
-
     // The parameters with the buffers that must agree with them.
     std::vector<tensor::tensor_ref> values;
     for (const auto& p : st.params)
@@ -105,7 +98,8 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
                           names[i]) != o.average_opt_statistics->end())
                 st.averaged_state.push_back(local_state[i]);
     }
-    if (!o.use_local_updates || o.outer_optimizer) copies(st.buffers);
+    if (!o.use_local_updates || o.outer_optimizer)
+        st.buffers = detail::copies_of(parameter_values(st));
     if (!o.use_local_updates)
         for (std::size_t i = 0; i < st.params.size(); ++i) {
             st.accumulators.emplace_back(st.params[i].value.size(), 0.0f);
@@ -113,7 +107,7 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
         }
     if (o.outer_optimizer) {
         st.outer.emplace(sgd(*o.outer_optimizer));
-        copies(st.start_values);
+        st.start_values = detail::copies_of(parameter_values(st));
         for (std::size_t i = 0; i < st.params.size(); ++i)
             st.outer_params.push_back({st.start_values[i], st.buffers[i]});
         for (const auto& t : st.outer->state_tensors(st.outer_params)) {
@@ -122,7 +116,7 @@ collaborative_optimizer<Transport>::collaborative_optimizer(peer_type& peer,
         }
     }
     if (o.delay_optimizer_step) {
-        copies(st.update_values);
+        st.update_values = detail::copies_of(parameter_values(st));
         for (std::size_t i = 0; i < st.params.size(); ++i)
             st.update_params.push_back({st.update_values[i], st.buffers[i]});
     }
@@ -273,11 +267,7 @@ void collaborative_optimizer<Transport>::refresh_served_state(shared& st) {
     auto snapshot = std::make_shared<averaging::state_snapshot>();
     snapshot->metadata =
         encode(state_metadata{st.epoch.load(), st.local.step_count(), integer_values(st)});
-    snapshot->tensors.reserve(st.state_tensors.size());
-    for (const auto& t : st.state_tensors) {
-        auto& copy = snapshot->tensors.emplace_back(t.size());
-        t.copy_to(copy);
-    }
+    snapshot->tensors = detail::copies_of(st.state_tensors);
     std::lock_guard lock(st.server->mutex);
     st.server->current = std::move(snapshot);
 }
@@ -352,11 +342,8 @@ std::error_code collaborative_optimizer<Transport>::apply_state(shared& st,
                                                                 state_metadata& meta) {
     if (auto ec = decode(s.metadata, meta)) return ec;
     if (s.tensors.size() != st.state_tensors.size() ||
-        meta.integer_buffers.size() != st.model.carried.size())
+        !detail::same_sizes(st.model.carried, meta.integer_buffers))
         return errc::size_mismatch;
-    for (std::size_t i = 0; i < meta.integer_buffers.size(); ++i)
-        if (meta.integer_buffers[i].size() != st.model.carried[i].size())
-            return errc::size_mismatch;
     for (std::size_t i = 0; i < s.tensors.size(); ++i) {
         if (s.tensors[i].size() != st.state_tensors[i].size()) return errc::size_mismatch;
         for (const float x : s.tensors[i])
