@@ -323,11 +323,11 @@ inline void train_in_swarm(const trainer_options& o, classifier& model, const im
         resumed_from = resumed->epoch;
         optimizer.load_state_dict(std::move(*resumed));
     }
+    if (!o.checkpoint.empty()) std::filesystem::create_directories(o.checkpoint);
     // Saving happens between steps: the trainer's thread owns the model then.
     const auto save = [&] {
-        if (o.checkpoint.empty()) return;
-        std::filesystem::create_directories(o.checkpoint);
-        optim::save_checkpoint(checkpoint_file(o), optimizer.state_dict());
+        if (!o.checkpoint.empty())
+            optim::save_checkpoint(checkpoint_file(o), optimizer.state_dict());
     };
 
     // The peers the launcher started train from the same moment; a newcomer waits only for
