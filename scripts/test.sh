@@ -6,7 +6,8 @@
 #      tests/CMakeLists.txt) is compiled at -O1, so those minutes-long cases run optimised;
 #   2. clang 14, warnings as errors, -O0: every target again, every public header compiled
 #      alone, the libFuzzer targets (-O1, ASan + UBSan) for a short run each, and every test
-#      but the swarm-scale ones (label "swarm"), which suite 1 runs;
+#      but the swarm-scale ones (label "swarm") and the long multi-process ones that test no
+#      compiler-dependent code (label "once"), which suite 1 runs;
 #   3. clang 14, warnings as errors, ThreadSanitizer at -O1 with line tables: only the test
 #      programs that run threads (THREADS in tests/CMakeLists.txt: core, TCP, the all-reduce
 #      and state sharing with compute pools, the peer, progress tracking, the collaborative
@@ -56,7 +57,7 @@ export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1
 run_suite gcc-asan RelWithDebInfo "-O0 -g1 -DNDEBUG" -DCMAKE_CXX_COMPILER=g++ \
   -DHIVEMESH_SANITIZE=address,undefined -DHIVEMESH_SWARM_FLAGS=-O1 -DHIVEMESH_CHECK_HEADERS=OFF
 run_suite clang Debug "-O0" -DCMAKE_CXX_COMPILER=clang++-14 -DHIVEMESH_BUILD_FUZZERS=ON \
-  -DHIVEMESH_FUZZ_SECONDS="${fuzz_seconds}" -- -LE swarm
+  -DHIVEMESH_FUZZ_SECONDS="${fuzz_seconds}" -- -LE "swarm|once"
 
 if [[ ${suites} == *" clang-tsan "* ]]; then
   # No -DNDEBUG: the asserts check the invariants the threads share.
